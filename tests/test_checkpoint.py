@@ -1,0 +1,134 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from bertkit import BertForPreTraining, BertkitError, BertModel, load_model, save_model
+from bertkit.checkpoint import name_map
+from bertkit.model import init_weights
+from conftest import hf_tester_config
+
+
+def _hf_config(cfg):
+    from transformers import BertConfig as HFConfig
+    return HFConfig(**{k: v for k, v in cfg.to_dict().items() if k != "architectures"})
+
+
+@pytest.mark.parametrize("heads", [False, True])
+def test_name_map_covers_every_tensor_both_ways(heads):
+    from transformers import BertForPreTraining as HFPreTraining, BertModel as HFBert
+    cfg = hf_tester_config()
+    ours = BertForPreTraining(cfg) if heads else BertModel(cfg)
+    theirs = HFPreTraining(_hf_config(cfg)) if heads else HFBert(_hf_config(cfg))
+    table = name_map(cfg, heads)
+    # every bertkit parameter (the tied decoder counted once) has an HF name ...
+    assert set(table) == {n for n, _ in ours.named_parameters()}
+    # ... and every HF tensor (less tied copies) is reached exactly once
+    hf_names = [t for names in table.values() for t in names]
+    assert len(hf_names) == len(set(hf_names))
+    expected = {n for n, _ in theirs.named_parameters()} - {"cls.predictions.decoder.weight",
+                                                            "cls.predictions.decoder.bias"}
+    assert set(hf_names) == expected
+
+
+def test_bertkit_save_loads_in_hf_with_identical_tensors_and_outputs(tmp_path):
+    from transformers import BertForPreTraining as HFPreTraining, BertModel as HFBert
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    ours = BertForPreTraining(cfg)
+    init_weights(ours, cfg)
+    torch.nn.init.normal_(ours.mlm.bias)  # non-zero, so a dropped bias would show
+    save_model(ours, tmp_path)
+    hf = HFPreTraining.from_pretrained(tmp_path).eval()
+    ours.eval()
+    sd = hf.state_dict()
+    q, k, v = ours.bert.layers[1].attn.qkv.weight.chunk(3)
+    assert torch.equal(sd["bert.encoder.layer.1.attention.self.key.weight"], k)
+    assert torch.equal(sd["cls.predictions.bias"], ours.mlm.bias)
+    assert torch.equal(sd["cls.predictions.decoder.weight"], ours.bert.embeddings.word.weight)
+    ids = torch.randint(5, 99, (3, 8))
+    mask = torch.ones_like(ids)
+    mask[2, 5:] = 0
+    positions = torch.arange(8).repeat(3, 1)
+    with torch.no_grad():
+        a = ours(ids, attention_mask=mask, mlm_positions=positions)
+        b = hf(input_ids=ids, attention_mask=mask)
+    torch.testing.assert_close(a.mlm_logits, b.prediction_logits, atol=1e-5, rtol=0)
+    torch.testing.assert_close(a.nsp_logits, b.seq_relationship_logits, atol=1e-5, rtol=0)
+    # the encoder alone loads as HF BertModel too
+    body = HFBert.from_pretrained(tmp_path)
+    assert torch.equal(body.state_dict()["embeddings.word_embeddings.weight"], ours.bert.embeddings.word.weight)
+
+
+def test_hf_folder_load_save_load_is_identical(tmp_path, minilm_folder):
+    original = load_file(str(minilm_folder / "model.safetensors"))
+    model, _ = load_model(minilm_folder, heads=False)
+    save_model(model, tmp_path / "a")
+    saved = load_file(str(tmp_path / "a" / "model.safetensors"))
+    assert set(saved) == set(original) - {"embeddings.position_ids"}
+    for name, tensor in saved.items():
+        assert torch.equal(tensor, original[name]), name
+    again, _ = load_model(tmp_path / "a", heads=False)
+    for (n1, p1), (n2, p2) in zip(model.state_dict().items(), again.state_dict().items()):
+        assert n1 == n2 and torch.equal(p1, p2)
+    # HF-saved BertForPreTraining (with heads) -> bertkit -> save -> same tensors
+    from transformers import BertForPreTraining as HFPreTraining
+    cfg = hf_tester_config()
+    torch.manual_seed(3)
+    HFPreTraining(_hf_config(cfg)).save_pretrained(tmp_path / "hf")
+    ours, _ = load_model(tmp_path / "hf")
+    save_model(ours, tmp_path / "b")
+    hf_tensors = load_file(str(tmp_path / "hf" / "model.safetensors"))
+    ours_tensors = load_file(str(tmp_path / "b" / "model.safetensors"))
+    assert set(ours_tensors) == set(hf_tensors)
+    assert all(torch.equal(ours_tensors[n], hf_tensors[n]) for n in hf_tensors)
+
+
+def test_missing_heads_are_initialised_tied_and_reported(minilm_folder, capfd):
+    model, _ = load_model(minilm_folder)
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no MLM/NSP heads" in err[0] and "tied" in err[0]
+    assert model.mlm.decoder_weight is model.bert.embeddings.word.weight
+    assert torch.count_nonzero(model.mlm.bias) == 0
+    assert model.nsp.classifier.weight.std().item() == pytest.approx(0.02, rel=0.3)
+
+
+def test_folder_without_weights(tmp_path, minilm_folder):
+    (tmp_path / "config.json").write_text((minilm_folder / "config.json").read_text())
+    with pytest.raises(BertkitError, match="no model.safetensors in this folder"):
+        load_model(tmp_path)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"x")
+    with pytest.raises(BertkitError, match="pickled weights are never loaded"):
+        load_model(tmp_path)
+    with pytest.raises(BertkitError, match="no such directory"):
+        load_model(tmp_path / "nope")
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(BertkitError, match="cannot read safetensors"):
+        load_model(tmp_path)
+
+
+def test_config_that_does_not_match_the_weights_names_the_tensor(tmp_path, minilm_folder):
+    config = json.loads((minilm_folder / "config.json").read_text())
+    (tmp_path / "model.safetensors").symlink_to(minilm_folder / "model.safetensors")
+    config["intermediate_size"] = 1024
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BertkitError, match=r"'encoder.layer.0.intermediate.dense.weight' has shape "
+                                           r"\(1536, 384\) but config.json implies \(1024, 384\)"):
+        load_model(tmp_path)
+    config["intermediate_size"] = 1536
+    config["num_hidden_layers"] = 8
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BertkitError, match="'encoder.layer.6.attention.self.query.weight' is missing"):
+        load_model(tmp_path)
+
+
+def test_save_is_atomic_and_keeps_extra_tensors(tmp_path):
+    cfg = hf_tester_config()
+    model = BertModel(cfg)
+    extra = {"classifier.weight": torch.randn(3, 32)}
+    save_model(model, tmp_path, extra_tensors=extra, bertkit_info={"task": "classify"})
+    assert not list(tmp_path.glob(".*.tmp"))
+    loaded, found = load_model(tmp_path, heads=False)
+    assert torch.equal(found["classifier.weight"], extra["classifier.weight"])
+    assert json.loads((tmp_path / "bertkit.json").read_text()) == {"task": "classify"}

@@ -1,0 +1,51 @@
+import json
+
+import pytest
+
+from bertkit import PRESETS, BertConfig, BertkitError
+
+
+def test_presets_have_the_published_shapes():
+    assert set(PRESETS) == {"tiny", "mini", "small", "base", "large"}
+    tiny = BertConfig.preset("tiny")
+    assert (tiny.num_hidden_layers, tiny.hidden_size, tiny.num_attention_heads, tiny.intermediate_size) == (2, 128, 2, 256)
+    base = BertConfig.preset("base")
+    assert (base.num_hidden_layers, base.hidden_size, base.num_attention_heads, base.intermediate_size) == (12, 768, 12, 3072)
+    large = BertConfig.preset("large")
+    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.intermediate_size) == (24, 1024, 16, 4096)
+    assert BertConfig.preset("tiny", vocab_size=1000).vocab_size == 1000
+
+
+def test_unknown_preset_names_the_choices():
+    with pytest.raises(BertkitError, match="unknown preset 'huge'.*tiny, mini, small, base, large"):
+        BertConfig.preset("huge")
+
+
+def test_heads_must_divide_hidden():
+    with pytest.raises(BertkitError, match="not divisible"):
+        BertConfig(hidden_size=100, num_attention_heads=3)
+
+
+def test_hf_config_json_round_trip(tmp_path, minilm_folder):
+    cfg = BertConfig.from_json(minilm_folder / "config.json")
+    assert (cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size) == (6, 384, 12, 1536)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg.to_dict()))
+    assert BertConfig.from_json(path) == cfg
+    # and transformers reads what we write
+    from transformers import BertConfig as HFConfig
+    hf = HFConfig.from_json_file(str(path))
+    assert (hf.hidden_size, hf.num_hidden_layers, hf.layer_norm_eps) == (384, 6, 1e-12)
+
+
+def test_bad_config_json_is_named(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text('{"model_type": "bert", "hidden_size": 64}')
+    with pytest.raises(BertkitError, match=r"config.json: missing required key\(s\) vocab_size"):
+        BertConfig.from_json(path)
+    path.write_text('{"model_type": "roberta"}')
+    with pytest.raises(BertkitError, match="model_type is 'roberta'"):
+        BertConfig.from_json(path)
+    path.write_text("{not json")
+    with pytest.raises(BertkitError, match="config.json: not valid JSON"):
+        BertConfig.from_json(path)

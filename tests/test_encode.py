@@ -1,0 +1,137 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit import BertkitError, Encoder
+from bertkit.cli import main
+from bertkit.encode import cosine, folder_pooling
+from conftest import SENTENCES
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm_folder):
+    return Encoder.from_folder(minilm_folder, device="cpu")
+
+
+def test_sentence_transformers_folder_declares_mean_pooling(minilm_folder, encoder):
+    assert folder_pooling(minilm_folder) == "mean"
+    assert encoder.default_pooling == "mean"
+
+
+def test_padding_invariance_and_input_order(encoder):
+    batch = encoder.encode(SENTENCES, pooling="cls", batch_size=5)
+    for i, text in enumerate(SENTENCES):
+        alone = encoder.encode([text], pooling="cls")
+        assert np.abs(alone[0] - batch[i]).max() <= 1e-5
+    # token vectors too: the longest and shortest sentence share a padded batch
+    together = encoder.token_vectors(SENTENCES, batch_size=5)
+    for i, text in enumerate(SENTENCES):
+        alone = encoder.token_vectors([text])[0]
+        assert together[i].tokens == alone.tokens
+        assert np.abs(together[i].vectors - alone.vectors).max() <= 1e-5
+
+
+def test_mean_pooling_equals_sentence_transformers_recipe(encoder, minilm_folder):
+    # HF BertModel + masked mean, computed independently
+    from transformers import AutoTokenizer, BertModel as HFBert
+    hf = HFBert.from_pretrained(str(minilm_folder)).eval()
+    batch = AutoTokenizer.from_pretrained(str(minilm_folder))(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        h = hf(**batch).last_hidden_state
+    m = batch["attention_mask"][..., None].float()
+    ref = ((h * m).sum(1) / m.sum(1)).numpy()
+    ours = encoder.encode(SENTENCES, batch_size=2)  # default pooling: mean
+    assert np.abs(ours - ref).max() <= 1e-4
+    normed = encoder.encode(SENTENCES, normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(normed, axis=1), 1.0, rtol=1e-5)
+
+
+def test_poolings_differ_and_pairs_work(encoder):
+    cls = encoder.encode(SENTENCES[:2], pooling="cls")
+    mean = encoder.encode(SENTENCES[:2], pooling="mean")
+    pooler = encoder.encode(SENTENCES[:2], pooling="pooler")
+    assert cls.shape == mean.shape == pooler.shape == (2, 384)
+    assert not np.allclose(cls, mean) and not np.allclose(cls, pooler)
+    single = encoder.encode(["Paris is the capital of France."])
+    pair = encoder.encode(["Paris is the capital"], ["of France."])
+    assert not np.allclose(single, pair)
+
+
+def test_same_word_gets_different_vectors_in_different_contexts(encoder):
+    texts = ["a crane is flying", "a crane driver came", "the crane flew south for the winter"]
+    tv = encoder.token_vectors(texts)
+    bird, machine, bird2 = (t.find("crane") for t in tv)
+    assert cosine(bird, machine) < 0.999          # context changes the vector ...
+    assert cosine(bird, bird2) > cosine(bird2, machine)  # ... toward its sense
+
+
+def test_bad_encoder_inputs(encoder):
+    with pytest.raises(BertkitError, match="empty"):
+        encoder.encode([])
+    with pytest.raises(BertkitError, match="unknown pooling 'max'"):
+        encoder.encode(["x"], pooling="max")
+    with pytest.raises(BertkitError, match="exceeds the model's 512 positions"):
+        encoder.encode(["x"], max_len=1000)
+    long_text = "word " * 600
+    with pytest.warns(UserWarning, match="truncated"):
+        assert encoder.encode([long_text]).shape == (1, 384)
+    with pytest.raises(BertkitError, match="over the limit of 512"):
+        encoder.encode([long_text], truncation=False)
+
+
+def test_cli_encode_txt_and_jsonl(tmp_path, minilm_folder, capsys):
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "vec.npy"
+    assert main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(out)]) == 0
+    vec = np.load(out)
+    assert vec.shape == (len(SENTENCES), 384)
+    enc = Encoder.from_folder(minilm_folder, device="cpu")
+    np.testing.assert_allclose(vec, enc.encode(SENTENCES), atol=1e-5)
+    # never overwrite without asking
+    assert main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("\n".join(json.dumps({"text": a, "text_pair": b}) for a, b in zip(SENTENCES, SENTENCES[::-1])))
+    out2 = tmp_path / "pairs.npy"
+    assert main(["encode", "--model", str(minilm_folder), "--input", str(rows), "--output", str(out2),
+                 "--pooling", "cls"]) == 0
+    np.testing.assert_allclose(np.load(out2), enc.encode(SENTENCES, SENTENCES[::-1], pooling="cls"), atol=1e-5)
+
+
+def test_cli_encode_bad_files(tmp_path, minilm_folder, capsys):
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("first line\ncaf\xe9 au lait\n".encode("latin-1"))
+    args = ["encode", "--model", str(minilm_folder), "--output", str(tmp_path / "o.npy"), "--input"]
+    assert main(args + [str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}: not UTF-8 text: byte 0xe9 at byte offset 14 (line 2)" in err
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"text": "ok"}\n{"txt": "typo"}\n')
+    assert main(args + [str(rows)]) == 2
+    assert "rows.jsonl, line 2: expected an object with a string field 'text'" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n")
+    assert main(args + [str(empty)]) == 2
+    assert "no texts in this file" in capsys.readouterr().err
+    assert main(["encode", "--model", str(tmp_path), "--input", str(bad), "--output", "x.npy"]) == 2
+    assert not (tmp_path / "o.npy").exists()
+
+
+def test_cli_tokenizer_train(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("The quick brown fox jumps over the lazy dog.\n" * 20)
+    (corpus / "b.txt").write_text("Pack my box with five dozen liquor jugs.\n" * 20)
+    out = tmp_path / "vocab"
+    assert main(["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "120", "--out", str(out)]) == 0
+    assert (out / "vocab.txt").read_text().splitlines()[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    before = (out / "vocab.txt").read_bytes()
+    assert main(["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "60", "--out", str(out)]) == 2
+    assert "already holds" in capsys.readouterr().err and (out / "vocab.txt").read_bytes() == before
+    (corpus / "c.txt").write_bytes(b"ok\n\xff\xfe")
+    assert main(["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "60", "--out", str(tmp_path / "v2")]) == 2
+    assert "c.txt: not UTF-8 text: byte 0xff at byte offset 3 (line 2)" in capsys.readouterr().err
+    assert not (tmp_path / "v2").exists()

@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from bertkit import PRESETS, BertConfig, BertForPreTraining, BertModel
+from bertkit.model import init_weights
+from conftest import hf_tester_config
+
+
+def _inputs(cfg, B=13, T=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, cfg.vocab_size, (B, T), generator=g)
+    types = torch.randint(0, cfg.type_vocab_size, (B, T), generator=g)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[0, 4:] = 0  # one padded row
+    return ids, types, mask
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_builds_with_hf_parameter_count_and_shapes(name):
+    # meta tensors: full-size shapes and parameter counts without allocating base/large
+    from transformers import BertConfig as HFConfig, BertForPreTraining as HFPreTraining
+    cfg = BertConfig.preset(name)
+    with torch.device("meta"):
+        ours = BertForPreTraining(cfg)
+        hf = HFPreTraining(HFConfig(**{k: v for k, v in cfg.to_dict().items() if k != "architectures"}))
+        ids = torch.zeros(2, 9, dtype=torch.long)
+        out = ours(ids, attention_mask=torch.ones_like(ids), mlm_positions=torch.zeros(2, 3, dtype=torch.long))
+    assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in hf.parameters())
+    assert out.sequence_output.shape == (2, 9, cfg.hidden_size)
+    assert out.pooled_output.shape == (2, cfg.hidden_size)
+    assert out.mlm_logits.shape == (2, 3, cfg.vocab_size)
+    assert out.nsp_logits.shape == (2, 2)
+
+
+def test_pretraining_heads_shapes_losses_and_gradients():
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    init_weights(model, cfg)
+    ids, types, mask = _inputs(cfg)
+    positions = torch.randint(0, 4, (13, 3))
+    labels = torch.randint(0, cfg.vocab_size, (13, 3))
+    labels[1, 2] = -100  # a padded prediction slot
+    nsp = torch.randint(0, 2, (13,))
+    out = model(ids, types, mask, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp)
+    assert out.mlm_logits.shape == (13, 3, 99) and out.nsp_logits.shape == (13, 2)
+    assert out.sequence_output.shape == (13, 7, 32) and out.pooled_output.shape == (13, 32)
+    torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
+    out.loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+        if not name.startswith("bert.embeddings.position") and "segment" not in name:
+            assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
+
+
+def test_mlm_decoder_is_tied_to_word_embeddings():
+    model = BertForPreTraining(hf_tester_config())
+    assert model.mlm.decoder_weight is model.bert.embeddings.word.weight
+    # one parameter, counted once
+    assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
+
+
+def test_mlm_head_projects_only_the_given_positions():
+    cfg = hf_tester_config()
+    torch.manual_seed(1)
+    model = BertForPreTraining(cfg).eval()
+    ids, types, mask = _inputs(cfg)
+    positions = torch.tensor([[1, 3], [0, 2]] + [[1, 1]] * 11)
+    calls = []
+    model.mlm.register_forward_hook(lambda m, inp, out: calls.append(inp[0].shape))
+    with torch.no_grad():
+        out = model(ids, types, mask, mlm_positions=positions)
+        full = model.mlm(out.sequence_output.reshape(-1, cfg.hidden_size)).view(13, 7, -1)
+    assert calls[0] == (13 * 2, cfg.hidden_size)  # 26 rows projected, not 13 * 7
+    expected = full.gather(1, positions[..., None].expand(-1, -1, cfg.vocab_size))
+    torch.testing.assert_close(out.mlm_logits, expected)
+
+
+def test_bert_model_gradients_and_padding_does_not_leak():
+    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(2)
+    model = BertModel(cfg)
+    init_weights(model, cfg)
+    ids, types, mask = _inputs(cfg)
+    out = model(ids, types, mask)
+    out.pooled_output.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    # what sits in the padded positions of row 0 must not change its real tokens
+    ids2 = ids.clone()
+    ids2[0, 4:] = torch.randint(5, 99, (3,))
+    with torch.no_grad():
+        a = model(ids, types, mask).sequence_output[0, :4]
+        b = model(ids2, types, mask).sequence_output[0, :4]
+    torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
