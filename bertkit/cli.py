@@ -68,6 +68,59 @@ def cmd_encode(args) -> None:
           f"({args.pooling or encoder.default_pooling} pooling) to {output}")
 
 
+def cmd_pretrain(args) -> None:
+    import json
+
+    from .pretraining.train import PretrainConfig, pretrain
+
+    overrides = {k: getattr(args, k) for k in (
+        "corpus", "model", "out", "steps", "batch_size", "grad_accum", "max_len", "lr", "warmup",
+        "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every", "eval_every",
+        "eval_batches", "save_every", "log_every", "seed")}
+    for flag in ("resume", "whole_word", "tensorboard"):
+        if getattr(args, flag):
+            overrides[flag] = True
+    if args.config:
+        cfg = PretrainConfig.from_toml(args.config, **overrides)
+    else:
+        cfg = PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+    summary = pretrain(cfg)
+    out = Path(cfg.out)
+    print(f"bertkit: pretrained {summary['steps']} steps; model in {out}, curves in {out / 'loss.png'}")
+    train, ev = summary["final_train"], summary["final_eval"]
+    print(f"  train: mlm loss {train['mlm_loss']:.3f}, mlm acc {train['mlm_acc']:.3f}, "
+          f"nsp loss {train['nsp_loss']:.3f}, nsp acc {train['nsp_acc']:.3f}; "
+          f"{summary['pairs_per_s']:.0f} sentence pairs/s")
+    if ev:
+        print(f"  held out: mlm loss {ev['eval_mlm_loss']:.3f} (ln vocab = {summary['ln_vocab_size']:.3f}), "
+              f"mlm acc {ev['eval_mlm_acc']:.3f} (most common token: {ev['eval_majority_token_acc']:.3f}), "
+              f"nsp acc {ev['eval_nsp_acc']:.3f}")
+    if not args.no_samples:
+        from .checkpoint import load_model
+        from .pretraining.samples import show
+        from .pretraining.shards import TokenStore
+        from .tokenizer import WordPieceTokenizer
+
+        model, _ = load_model(out)
+        shown = show(model, WordPieceTokenizer.from_folder(out), TokenStore(out / "data" / "shards" / "eval"))
+        (out / "samples.json").write_text(json.dumps(shown, indent=2) + "\n")
+
+
+def cmd_fill_mask(args) -> None:
+    import json
+
+    from .checkpoint import load_model
+    from .fill_mask import fill_mask
+    from .tokenizer import WordPieceTokenizer
+
+    if not args.text:
+        raise BertkitError("give at least one text with [MASK] in it")
+    model, _ = load_model(args.model)
+    for text, preds in zip(args.text, fill_mask(model, WordPieceTokenizer.from_folder(args.model),
+                                                args.text, args.top_k)):
+        print(json.dumps({"text": text, "predictions": preds}))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -84,6 +137,39 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     e.set_defaults(func=cmd_encode)
+
+    pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
+    pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
+    pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, or 'wiki' (default)")
+    pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
+    pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
+    pt.add_argument("--steps", type=int, help="optimizer steps (default 300)")
+    pt.add_argument("--batch-size", type=int, help="sentence pairs per step (default 512)")
+    pt.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
+    pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")
+    pt.add_argument("--lr", type=float, help="peak learning rate (default 1e-3 from scratch, 5e-5 from a folder)")
+    pt.add_argument("--warmup", type=float, help="share of steps for warm-up (default 0.1)")
+    pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 8192)")
+    pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (default 0.15)")
+    pt.add_argument("--max-predictions", type=int, help="per sequence (default ceil(max_len x mask_prob))")
+    pt.add_argument("--whole-word", action="store_true", help="mask all pieces of a word together")
+    pt.add_argument("--nsp-weight", type=float, help="loss = mlm + w x nsp (default 1.0)")
+    pt.add_argument("--holdout-every", type=int, help="hold out every N-th document (default 20)")
+    pt.add_argument("--eval-every", type=int, help="steps between evaluations (default 100)")
+    pt.add_argument("--eval-batches", type=int, help="held-out batches per evaluation (default 4)")
+    pt.add_argument("--save-every", type=int, help="steps between checkpoints (default 100)")
+    pt.add_argument("--log-every", type=int, help="steps between metrics lines (default 10)")
+    pt.add_argument("--seed", type=int)
+    pt.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    pt.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
+    pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples at the end")
+    pt.set_defaults(func=cmd_pretrain)
+
+    fm = sub.add_parser("fill-mask", help="top predictions for each [MASK] in the texts")
+    fm.add_argument("--model", required=True)
+    fm.add_argument("--top-k", type=int, default=5)
+    fm.add_argument("text", nargs="*")
+    fm.set_defaults(func=cmd_fill_mask)
 
     t = sub.add_parser("tokenizer", help="WordPiece vocabularies")
     tsub = t.add_subparsers(dest="action", required=True)

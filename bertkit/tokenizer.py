@@ -123,7 +123,8 @@ class WordPieceTokenizer:
         tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
                              lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                            special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##")
+                                            special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
+                                            show_progress=False)
         tok.train_from_iterator(texts, trainer=trainer)
         if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
             raise BertkitError("the training text is empty: no vocabulary could be learned")

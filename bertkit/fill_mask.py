@@ -1,0 +1,33 @@
+"""Fill-mask: the MLM head's top predictions for each [MASK] in a text."""
+from __future__ import annotations
+
+import torch
+
+from .errors import BertkitError
+from .model import BertForPreTraining
+from .tokenizer import MASK, WordPieceTokenizer
+
+
+@torch.inference_mode()
+def fill_mask(model: BertForPreTraining, tokenizer: WordPieceTokenizer, texts: list[str],
+              top_k: int = 5) -> list[list[list[dict]]]:
+    """For each text, for each [MASK] in it (in order): top_k {"token", "score"} (softmax)."""
+    if top_k < 1:
+        raise BertkitError(f"top_k must be at least 1, got {top_k}")
+    batch = tokenizer.encode(texts, max_len=model.config.max_position_embeddings)
+    is_mask = batch.input_ids == tokenizer.mask_id
+    for i, text in enumerate(texts):
+        if not is_mask[i].any():
+            raise BertkitError(f"text {i} has no {MASK} token: {text!r}")
+    device = next(model.parameters()).device
+    positions = [row.nonzero().flatten() for row in is_mask]                 # per text: (M_i,)
+    P = max(len(p) for p in positions)
+    padded = torch.stack([torch.cat([p, p.new_zeros(P - len(p))]) for p in positions])  # (B, P)
+    model.eval()
+    out = model(**batch.model_inputs(device), mlm_positions=padded.to(device))
+    probs = out.mlm_logits.float().softmax(-1)                               # (B, P, V)
+    k = min(top_k, probs.size(-1))
+    scores, ids = probs.topk(k, dim=-1)
+    return [[[{"token": tokenizer.id_to_token(int(t)), "score": float(s)}
+              for t, s in zip(ids[i, j], scores[i, j])] for j in range(len(positions[i]))]
+            for i in range(len(texts))]

@@ -1,0 +1,1 @@
+"""Pretraining BERT from raw text: corpus, vocabulary, NSP pairs, MLM masking, shards, the loop."""

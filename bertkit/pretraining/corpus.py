@@ -1,0 +1,177 @@
+"""Raw text to documents for pretraining: a document is its list of sentences.
+
+Next sentence prediction needs both: sentences to pair, document boundaries to draw
+random "not next" sentences from elsewhere. Sources are a .txt file, a folder of them
+(documents separated by blank lines) or `wiki`, the Wikipedia sample shipped with gensim.
+"""
+from __future__ import annotations
+
+import bz2
+import html
+import importlib.util
+import re
+from collections.abc import Iterable, Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import BertkitError
+from ..inputs import read_text
+
+Document = list[str]
+
+WIKI_SAMPLE = "test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+# Sections that are link lists and citations, not prose.
+_SKIP_SECTIONS = {"see also", "references", "external links", "further reading", "notes",
+                  "footnotes", "bibliography", "sources", "citations", "works cited"}
+
+
+@lru_cache(maxsize=1)
+def _segmenter():
+    import pysbd  # building the segmenter compiles its rules once
+    return pysbd.Segmenter(language="en", clean=False)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of `text`; every line is a paragraph of its own."""
+    seg = _segmenter()
+    sentences = []
+    # pysbd is superlinear in its input length: feed it one paragraph at a time.
+    for paragraph in text.split("\n"):
+        if paragraph.strip():
+            # The processor is what segment() runs; segment() then maps every sentence back
+            # to the text with a fresh regex each (a third of the time) for spans we drop.
+            sentences.extend(s.strip() for s in seg.processor(paragraph).process() if s.strip())
+    return sentences
+
+
+def _read(path: Path) -> str:
+    """A whole text file; a binary one is named with the offset of its first NUL byte."""
+    try:
+        text = read_text(path)
+    except BertkitError:
+        nul = path.read_bytes().find(b"\0")
+        if nul < 0:
+            raise
+        raise BertkitError(f"{path}: looks binary: NUL byte at byte offset {nul}") from None
+    nul = text.find("\0")
+    if nul >= 0:  # NUL is valid UTF-8, but no text file holds one
+        offset = len(text[:nul].encode("utf-8"))
+        raise BertkitError(f"{path}: looks binary: NUL byte at byte offset {offset}")
+    return text
+
+
+def _file_documents(path: Path) -> Iterator[Document]:
+    lines: list[str] = []
+    for line in _read(path).splitlines() + [""]:  # the sentinel flushes the last document
+        if line.strip():
+            lines.append(line)
+        elif lines:
+            sentences = split_sentences("\n".join(lines))
+            lines = []
+            if sentences:
+                yield sentences
+
+
+def _files_documents(files: Iterable[Path]) -> Iterator[Document]:
+    for path in files:  # one file in memory at a time
+        yield from _file_documents(path)
+
+
+def iter_documents(source: str | Path) -> Iterator[Document]:
+    """Stream the documents of `source`: "wiki", a text file, or a folder of *.txt files."""
+    if str(source) == "wiki":
+        _wiki_path()
+        return wiki_documents()
+    path = Path(source)
+    # Checked here, not lazily, so a bad path fails at the call rather than the first batch.
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*.txt") if p.is_file())
+        if not files:
+            raise BertkitError(f"{path}: folder holds no .txt files")
+        return _files_documents(files)
+    if not path.exists():
+        raise BertkitError(f"{path}: no such file or folder")
+    return _files_documents([path])
+
+
+def load_documents(source: str | Path) -> list[Document]:
+    """All documents of `source`, checked to be usable for next sentence prediction."""
+    docs = list(iter_documents(source))
+    if not docs:
+        raise BertkitError(f"{source}: the corpus is empty (no sentences)")
+    if len(docs) < 2:
+        raise BertkitError(f"{source}: next sentence prediction needs at least two documents, "
+                           f"found {len(docs)} (separate documents with a blank line)")
+    return docs
+
+
+def corpus_stats(docs: Iterable[Document]) -> dict[str, int]:
+    stats = {"documents": 0, "sentences": 0, "words": 0, "characters": 0}
+    for doc in docs:
+        stats["documents"] += 1
+        stats["sentences"] += len(doc)
+        stats["words"] += sum(len(s.split()) for s in doc)
+        stats["characters"] += sum(len(s) for s in doc)
+    return stats
+
+
+_HEADING = re.compile(r"^(=+)\s*(.*?)\s*\1$")
+_BULLET = re.compile(r"^[*#:;]+\s*")
+# Image residue: "thumb|", "upright|", "220px"; a line naming an image file is a caption.
+_IMAGE = re.compile(r"\b(?:thumb(?:nail)?|upright|frame|left|right|center)\s*\||\b\d+(?:x\d+)?px(?![a-z])")
+_CAPTION = re.compile(r"alt=|\.(?:jpe?g|png|gif|svg|tiff?)\b", re.IGNORECASE)
+_EMPTY_PARENS = re.compile(r"\(\s*[,;:]*\s*\)")
+_SPACE_BEFORE_PUNCT = re.compile(r"\s+([,.;:!?)])")
+_PROSE_END = re.compile(r"[.!?:;][\"'”’)]*$")
+
+
+def _clean_article(text: str) -> list[str]:
+    """Prose paragraphs of an article after filter_wiki, one per line."""
+    text = html.unescape(text).replace("\xa0", " ")
+    text = text.replace("'''", "").replace("''", "")  # bold and italic quotes
+    paragraphs, skipping = [], False
+    for line in text.split("\n"):
+        line = line.strip()
+        heading = _HEADING.match(line)
+        if heading:  # headings are not sentences; reference sections are not prose
+            skipping = heading[2].lower() in _SKIP_SECTIONS
+            continue
+        if skipping or line.startswith(("|", "!", "{|")):  # table residue
+            continue
+        bullet = _BULLET.match(line)
+        line = line[bullet.end():] if bullet else line
+        if _CAPTION.search(line):
+            continue
+        line = _IMAGE.sub("", line).replace("|thumb", "")
+        for bracket in "[]{}|":  # leftovers of templates, links and tables
+            line = line.replace(bracket, " ")
+        line = _EMPTY_PARENS.sub("", line)
+        line = _SPACE_BEFORE_PUNCT.sub(r"\1", " ".join(line.split()))
+        # Prose ends a sentence; captions, table cells and list items of names do not.
+        words = len(line.split())
+        if _PROSE_END.search(line) and words >= (5 if bullet else 3):
+            paragraphs.append(line)
+    return paragraphs
+
+
+def _wiki_path() -> Path:
+    spec = importlib.util.find_spec("gensim")
+    path = Path(spec.origin).parent / WIKI_SAMPLE if spec and spec.origin else None
+    if path is None or not path.is_file():
+        raise BertkitError("wiki: the Wikipedia sample ships with gensim; install it with `pip install gensim`")
+    return path
+
+
+def wiki_documents() -> Iterator[Document]:
+    """The English Wikipedia sample shipped with gensim: one document per article."""
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+    with bz2.open(_wiki_path()) as f:
+        # Namespace "0" is articles: drops Wikipedia:, Template:, Category:, File: pages.
+        for _title, raw, _pageid in extract_pages(f, filter_namespaces=("0",)):
+            if not raw.strip() or raw.lstrip().upper().startswith("#REDIRECT"):
+                continue
+            sentences = split_sentences("\n".join(_clean_article(filter_wiki(raw))))
+            # Lone quotes, brackets and years split off by pysbd carry nothing to learn.
+            sentences = [s for s in sentences if any(c.isalpha() for c in s)]
+            if sentences:
+                yield sentences

@@ -1,0 +1,90 @@
+"""Masked language modelling targets, vectorised over a whole batch.
+
+Of the non-special tokens, `mask_prob` are chosen (at least one, at most `max_predictions` per
+sequence); of those 80% become [MASK], 10% a random token and 10% stay unchanged (Devlin et al.
+2019, section 3.1). With whole-word masking a word's pieces are chosen together. The batch
+carries the chosen positions and their labels, so the MLM head projects only those.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class MaskingConfig:
+    mask_prob: float = 0.15        # share of non-special tokens to predict
+    max_predictions: int = 10      # per sequence; ~0.15 x 64 as in BERT's 20 for length 128
+    whole_word: bool = False       # mask all pieces of a word together
+    mask_token_share: float = 0.8  # of the chosen: become [MASK]
+    random_token_share: float = 0.1  # of the chosen: become a random token (the rest stay as they were)
+
+
+@dataclass
+class MaskedBatch:
+    input_ids: np.ndarray     # (B, T) with the chosen tokens replaced
+    positions: np.ndarray     # (B, P) chosen positions, 0 in unused slots
+    labels: np.ndarray        # (B, P) original token ids, -100 in unused slots
+
+
+def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, cfg: MaskingConfig,
+                mask_id: int, random_ids: np.ndarray, continuation: np.ndarray | None = None) -> MaskedBatch:
+    """ids (B, T) int; special (B, T) bool, True for [CLS]/[SEP]/[PAD] (never chosen);
+    random_ids: the token ids a random replacement is drawn from (non-special ones);
+    continuation: (V,) bool, True for '##' pieces, needed for whole-word masking."""
+    B, T = ids.shape
+    P = cfg.max_predictions
+    candidates = ~special
+    n_cand = candidates.sum(1)                                                # (B,)
+    n_pick = np.minimum(P, np.maximum(1, np.rint(n_cand * cfg.mask_prob))).astype(np.int64)
+    n_pick = np.minimum(n_pick, n_cand)                                       # a row with no text picks nothing
+
+    if cfg.whole_word:
+        if continuation is None:
+            raise ValueError("whole-word masking needs the vocabulary's continuation table")
+        # a word is a non-continuation piece plus the '##' pieces after it; every piece of a
+        # word gets the word's random score, so a sort keeps words together
+        after_special = np.ones((B, T), dtype=bool)
+        after_special[:, 1:] = special[:, :-1]
+        # a '##' piece right after [SEP] (a segment cut mid-word) starts a word of its own
+        starts = candidates & (~continuation[ids] | after_special)
+        word = np.cumsum(starts, axis=1)                                       # (B, T) word number
+        word_score = rng.random((B, T + 1))
+        score = np.take_along_axis(word_score, word, axis=1) + np.arange(T) * 1e-9  # in-word order
+    else:
+        score = rng.random((B, T))
+    score = np.where(candidates, score, np.inf)
+    order = np.argsort(score, axis=1, kind="stable")                           # chosen first
+    if cfg.whole_word:
+        # take whole words while they fit: a piece is in if its word's last piece ranks < n_pick
+        sorted_word = np.take_along_axis(word, order, axis=1)
+        last_of_word = np.ones((B, T), dtype=bool)
+        last_of_word[:, :-1] = sorted_word[:, 1:] != sorted_word[:, :-1]
+        rank = np.arange(T)[None, :]
+        end_rank = np.where(last_of_word, rank, T)
+        end_rank = np.minimum.accumulate(end_rank[:, ::-1], axis=1)[:, ::-1]   # rank of its word's end
+        take = end_rank < n_pick[:, None]
+    else:
+        take = np.arange(T)[None, :] < n_pick[:, None]
+    take &= np.take_along_axis(candidates, order, axis=1)
+
+    # pack the chosen positions into P slots, in position order for readability
+    chosen = np.where(take, order, T)[:, :P] if T >= P else np.where(take, order, T)
+    chosen = np.sort(chosen, axis=1)
+    if chosen.shape[1] < P:
+        chosen = np.pad(chosen, ((0, 0), (0, P - chosen.shape[1])), constant_values=T)
+    used = chosen < T
+    positions = np.where(used, chosen, 0)
+    labels = np.where(used, np.take_along_axis(ids, positions, axis=1), -100)
+
+    # 80 / 10 / 10
+    r = rng.random((B, P))
+    replacement = np.take_along_axis(ids, positions, axis=1)
+    replacement = np.where(r < cfg.mask_token_share, mask_id, replacement)
+    to_random = (r >= cfg.mask_token_share) & (r < cfg.mask_token_share + cfg.random_token_share)
+    replacement = np.where(to_random, random_ids[rng.integers(0, len(random_ids), (B, P))], replacement)
+    out = ids.copy()
+    rows = np.nonzero(used)
+    out[rows[0], positions[rows]] = replacement[rows]
+    return MaskedBatch(out, positions, labels)

@@ -1,0 +1,65 @@
+"""What a training run leaves behind: OUT/metrics.jsonl, OUT/summary.json, OUT/loss.png, and
+TensorBoard events on request. Shared by pretraining and fine-tuning."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class MetricsLog:
+    def __init__(self, out: Path, tensorboard: bool = False, resume_step: int | None = None):
+        self.path = out / "metrics.jsonl"
+        if resume_step is not None and self.path.exists():
+            # a resumed run repeats the steps after its checkpoint: drop their old lines
+            keep = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            self.path.write_text("".join(line + "\n" for line in keep))
+        elif resume_step is None:
+            self.path.write_text("")
+        self.writer = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=resume_step)
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    self.writer.add_scalar(k, v, record["step"])
+
+    def records(self) -> list[dict]:
+        return [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def plot_losses(records: list[dict], path: Path, curves: list[tuple[str, str]], title: str) -> None:
+    """One line per (key, label) over the steps where the key was logged."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for key, label in curves:
+        pts = [(r["step"], r[key]) for r in records if key in r]
+        if pts:
+            xs, ys = zip(*pts)
+            ax.plot(xs, ys, label=label, marker="o" if len(pts) < 30 else None, markersize=3)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2) + "\n")
+    tmp.replace(path)
