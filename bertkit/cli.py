@@ -74,7 +74,7 @@ def cmd_pretrain(args) -> None:
     from .pretraining.train import PretrainConfig, pretrain
 
     overrides = {k: getattr(args, k) for k in (
-        "corpus", "model", "out", "steps", "batch_size", "grad_accum", "max_len", "lr", "warmup",
+        "corpus", "model", "vocab", "out", "steps", "batch_size", "grad_accum", "max_len", "lr", "warmup",
         "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every", "eval_every",
         "eval_batches", "save_every", "log_every", "seed")}
     for flag in ("resume", "whole_word", "tensorboard"):
@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")
     pt.add_argument("--lr", type=float, help="peak learning rate (default 1e-3 from scratch, 5e-5 from a folder)")
     pt.add_argument("--warmup", type=float, help="share of steps for warm-up (default 0.1)")
+    pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")
     pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 8192)")
     pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (default 0.15)")
     pt.add_argument("--max-predictions", type=int, help="per sequence (default ceil(max_len x mask_prob))")

@@ -219,6 +219,10 @@ class WordPieceTokenizer:
         return Batch(ids, types, mask, [e.tokens for e in encs], [e.offsets for e in encs],
                      [e.sequence_ids for e in encs])
 
+    def tokenize_ids(self, text: str) -> list[int]:
+        """Token ids of one text, without special tokens."""
+        return self.tok.encode(text, add_special_tokens=False).ids
+
     def tokenize(self, text: str) -> list[str]:
         """Word pieces of one text, without special tokens."""
         return self.tok.encode(text, add_special_tokens=False).tokens

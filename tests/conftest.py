@@ -28,3 +28,16 @@ def hf_tester_config(**overrides):
     from bertkit import BertConfig
     return BertConfig(**{**dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                                 intermediate_size=37, max_position_embeddings=64), **overrides})
+
+
+@pytest.fixture(scope="session")
+def wiki_excerpt(tmp_path_factory):
+    """The first 12 articles of the built-in Wikipedia sample as a .txt corpus (blank line
+    between documents): real text, small enough for seconds-long pretraining runs."""
+    from itertools import islice
+
+    from bertkit.pretraining.corpus import wiki_documents
+    path = tmp_path_factory.mktemp("corpus") / "wiki12.txt"
+    docs = list(islice(wiki_documents(), 12))
+    path.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n")
+    return path

@@ -44,7 +44,8 @@ class PretrainConfig:
     warmup: float = 0.1              # share of steps spent warming up, then linear decay to 0
     weight_decay: float = 0.01       # not on biases and LayerNorm, as in BERT
     clip: float = 1.0                # gradient norm clipping
-    vocab_size: int = 8192           # WordPiece vocabulary trained when the model brings none
+    vocab: str | None = None         # folder with vocab.txt / tokenizer.json to use instead of training one
+    vocab_size: int = 8192           # WordPiece vocabulary trained when neither the model nor --vocab brings one
     mask_prob: float = 0.15
     max_predictions: int | None = None  # per sequence; default ceil(max_len x mask_prob)
     whole_word: bool = False
@@ -86,6 +87,8 @@ class PretrainConfig:
         return cls(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
 
     def __post_init__(self):
+        if self.model not in PRESETS and not Path(self.model).is_dir():
+            raise BertkitError(f"model {self.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
         if self.lr is None:
             self.lr = 1e-3 if self.model in PRESETS else 5e-5
         if self.max_predictions is None:
@@ -113,9 +116,15 @@ def _documents(corpus: str):
 def _prepare_tokenizer(cfg: PretrainConfig, data: Path, log) -> WordPieceTokenizer:
     if (data / "tokenizer.json").is_file():   # a resumed run keeps its vocabulary
         return WordPieceTokenizer.from_folder(data)
+    if cfg.model not in PRESETS and cfg.vocab is not None:
+        raise BertkitError("--vocab applies to a new model from a preset; a model folder brings its own vocabulary")
     if cfg.model not in PRESETS:
         tok = WordPieceTokenizer.from_folder(cfg.model)
+    elif cfg.vocab is not None:
+        tok = WordPieceTokenizer.from_folder(cfg.vocab)
     else:
+        # note: `tokenizers` breaks ties between equally frequent merges in hash order, so two
+        # trainings on the same text can differ slightly; pass --vocab for reproducible runs
         log(f"training a WordPiece vocabulary of {cfg.vocab_size} on {cfg.corpus}")
         tok = WordPieceTokenizer.train((s for doc in _documents(cfg.corpus) for s in doc), cfg.vocab_size)
     data.mkdir(parents=True, exist_ok=True)
@@ -140,8 +149,6 @@ def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTrai
         model = BertForPreTraining(bert_cfg)
         init_weights(model, bert_cfg)
         return model
-    if not Path(cfg.model).is_dir():
-        raise BertkitError(f"--model {cfg.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
     model, _ = load_model(cfg.model)
     if model.config.vocab_size < tok.vocab_size:
         raise BertkitError(f"{cfg.model}: the model has {model.config.vocab_size} token embeddings but its "
@@ -242,7 +249,9 @@ def evaluate(model, batches: list[dict], device, autocast) -> dict:
 
 
 # ---- the loop -------------------------------------------------------------------------------
-def pretrain(cfg: PretrainConfig) -> dict:
+def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
+    """Run (or resume) a pretraining run; returns the summary also written to OUT/summary.json.
+    on_step(step, model) is called after every optimizer step and its checkpoint."""
     out = Path(cfg.out)
     log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress else (lambda msg: None)
     ckpt = None
@@ -347,6 +356,8 @@ def pretrain(cfg: PretrainConfig) -> dict:
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
             _save_checkpoint(out, step, model, opt, sched, position, cfg,
                              elapsed0 + time.perf_counter() - t_start)
+        if on_step is not None:
+            on_step(step, model)
     bar.close()
 
     info = {"task": "pretraining", "corpus": cfg.corpus, "steps": step, "max_len": cfg.max_len}

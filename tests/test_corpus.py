@@ -1,0 +1,112 @@
+"""Raw text to documents: blank-line boundaries, sentence splitting, bad input, the wiki sample."""
+import pytest
+
+from bertkit.errors import BertkitError
+from bertkit.pretraining.corpus import (corpus_stats, iter_documents, load_documents, split_sentences,
+                                        wiki_documents)
+
+
+def write(path, content: str | bytes):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.write_text(content, encoding="utf-8")
+    return path
+
+
+def test_split_sentences_handles_abbreviations_and_paragraphs():
+    assert split_sentences("Dr. Smith arrived at 5 p.m. He left early.") == [
+        "Dr. Smith arrived at 5 p.m.", "He left early."]
+    # A line break ends a paragraph even without a full stop; blank lines leave nothing behind.
+    assert split_sentences("  Heading without a stop\n\n \t\nIt is 3.5 km long.  Yes.  ") == [
+        "Heading without a stop", "It is 3.5 km long.", "Yes."]
+    assert split_sentences(" \n\t\n") == []
+
+
+def test_documents_are_separated_by_blank_lines(tmp_path):
+    text = ("\n\n   \nFirst one. First two.\nFirst three.\n\n\n \t \n\nSecond one.\r\n\r\n"
+            "Third one.\n  \n\n")
+    f = write(tmp_path / "c.txt", text)
+    assert load_documents(f) == [["First one.", "First two.", "First three."], ["Second one."],
+                                 ["Third one."]]
+    assert load_documents(str(f)) == load_documents(f)
+
+
+def test_folder_is_read_recursively_in_path_order_and_streamed(tmp_path):
+    write(tmp_path / "10.txt", "Ten.")
+    write(tmp_path / "02" / "x.txt", "Two x.\n\nTwo x again.")
+    write(tmp_path / "01.txt", "One.")
+    write(tmp_path / "notes.md", "Not a text file.")
+    assert load_documents(tmp_path) == [["One."], ["Two x."], ["Two x again."], ["Ten."]]
+
+    # Streaming: the first file's documents come out before a later, bad file is opened.
+    write(tmp_path / "99.txt", b"Bad \xff byte.")
+    docs = iter_documents(tmp_path)
+    assert next(docs) == ["One."]
+    with pytest.raises(BertkitError, match="99.txt: not UTF-8"):
+        list(docs)
+
+
+def test_binary_file_names_the_nul_byte_offset(tmp_path):
+    f = write(tmp_path / "b.txt", "é\x00 rest")  # é is two bytes: the NUL is at byte 2
+    with pytest.raises(BertkitError, match=r"b\.txt: looks binary: NUL byte at byte offset 2$"):
+        load_documents(f)
+    # NUL bytes before an invalid byte: binary, not a text file with a bad byte.
+    g = write(tmp_path / "g.txt", b"PK\x03\x04\x00\x00\xff\xfe")
+    with pytest.raises(BertkitError, match=r"g\.txt: looks binary: NUL byte at byte offset 4$"):
+        load_documents(g)
+
+
+def test_non_utf8_file_names_byte_and_line(tmp_path):
+    f = write(tmp_path / "latin.txt", "First line.\ncaf\xe9 au lait.".encode("latin-1"))
+    expected = r"latin\.txt: not UTF-8 text: byte 0xe9 at byte offset 15 \(line 2\) is invalid"
+    with pytest.raises(BertkitError, match=expected):
+        load_documents(f)
+
+
+def test_missing_and_empty_sources(tmp_path):
+    with pytest.raises(BertkitError, match="nope.txt: no such file or folder"):
+        iter_documents(tmp_path / "nope.txt")  # fails at the call, not at the first document
+    write(tmp_path / "only.md", "text")
+    with pytest.raises(BertkitError, match="folder holds no .txt files"):
+        load_documents(tmp_path)
+    blank = write(tmp_path / "blank.txt", "\n  \n\t\n")
+    with pytest.raises(BertkitError, match=r"blank\.txt: the corpus is empty \(no sentences\)"):
+        load_documents(blank)
+
+
+def test_single_document_is_not_enough_for_nsp(tmp_path):
+    f = write(tmp_path / "one.txt", "One document. With two sentences.\nAnd a third line.\n")
+    expected = r"one\.txt: next sentence prediction needs at least two documents, found 1 \(separate"
+    with pytest.raises(BertkitError, match=expected):
+        load_documents(f)
+    assert list(iter_documents(f)) == [["One document.", "With two sentences.", "And a third line."]]
+
+
+def test_corpus_stats():
+    stats = corpus_stats([["Hello world.", "Hi."], ["A b c."]])
+    assert stats == {"documents": 2, "sentences": 3, "words": 6, "characters": 21}
+
+
+@pytest.fixture(scope="module")
+def wiki():
+    return list(wiki_documents())
+
+
+def test_wiki_sample_is_clean_prose(wiki):
+    stats = corpus_stats(wiki)
+    assert stats["documents"] > 100
+    assert stats["words"] > 300_000
+    assert stats["sentences"] > 15_000
+    sentences = [s for doc in wiki for s in doc]
+    for marker in ("'''", "[[", "]]", "{{", "}}", "==", "|", "thumb|", "&amp;", "&nbsp;"):
+        bad = [s for s in sentences if marker in s]
+        assert not bad, f"{marker!r} left in {len(bad)} sentences, e.g. {bad[0]!r}"
+    assert not [s for s in sentences if "#redirect" in s.lower()]
+    assert all(s == s.strip() and s for s in sentences)
+    # Mostly real sentences: they end in punctuation and are not list fragments.
+    ended = sum(s.endswith((".", "!", "?", ":", '"', ")", "'", ";")) for s in sentences)
+    assert ended / len(sentences) > 0.97
+    assert sum(len(s.split()) < 3 for s in sentences) / len(sentences) < 0.02
+    assert "Anarchism is a political philosophy" in wiki[0][0]
