@@ -17,8 +17,15 @@ $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	$(PIP) -r requirements-test.txt
 	touch $@
 
+# the main job: pretrain the tiny BERT on the Wikipedia sample (~10 min on 2 cores), then show
+# what it learned; then contextual vectors from the real MiniLM checkpoint
 demo: $(VENV)/.runtime
+	$(VENV)/bin/bertkit pretrain
 	$(PY) examples/contextual_vectors.py
+
+bench: $(VENV)/.test
+	$(PY) benchmarks/pretrain_throughput.py
+	$(PY) benchmarks/streaming_memory.py
 
 test: $(VENV)/.test
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q

@@ -77,7 +77,7 @@ def cmd_pretrain(args) -> None:
         "corpus", "model", "vocab", "out", "steps", "batch_size", "grad_accum", "max_len", "lr", "warmup",
         "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every", "eval_every",
         "eval_batches", "save_every", "log_every", "seed")}
-    for flag in ("resume", "whole_word", "tensorboard"):
+    for flag in ("resume", "whole_word", "tensorboard", "doc_per_file"):
         if getattr(args, flag):
             overrides[flag] = True
     if args.config:
@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
     pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
     pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, or 'wiki' (default)")
+    pt.add_argument("--doc-per-file", action="store_true",
+                    help="each .txt file is one document (default: blank lines separate documents)")
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
     pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
     pt.add_argument("--steps", type=int, help="optimizer steps (default 300)")

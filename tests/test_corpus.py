@@ -110,3 +110,11 @@ def test_wiki_sample_is_clean_prose(wiki):
     assert ended / len(sentences) > 0.97
     assert sum(len(s.split()) < 3 for s in sentences) / len(sentences) < 0.02
     assert "Anarchism is a political philosophy" in wiki[0][0]
+
+
+def test_one_document_per_file(tmp_path):
+    (tmp_path / "a.txt").write_text("First paragraph. Two sentences.\n\nSecond paragraph of a.\n")
+    (tmp_path / "b.txt").write_text("Only b.\n")
+    assert list(iter_documents(tmp_path, per_file=True)) == [
+        ["First paragraph.", "Two sentences.", "Second paragraph of a."], ["Only b."]]
+    assert len(list(iter_documents(tmp_path))) == 3

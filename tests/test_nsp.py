@@ -25,6 +25,7 @@ def test_shards_hold_every_document_once(stores, wiki_excerpt):
     assert train.meta["documents"] + held.meta["documents"] == 12
     assert held.meta["documents"] == 2  # documents 3 and 9
     first = train.shard(0)
+    assert isinstance(first.tokens, np.memmap)  # streamed from disk, not loaded
     docs = list(iter_documents(wiki_excerpt))
     sent = docs[0][0]
     ids = first.tokens[first.sentences[0]:first.sentences[1]]

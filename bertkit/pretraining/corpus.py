@@ -72,13 +72,20 @@ def _file_documents(path: Path) -> Iterator[Document]:
                 yield sentences
 
 
-def _files_documents(files: Iterable[Path]) -> Iterator[Document]:
+def _files_documents(files: Iterable[Path], per_file: bool = False) -> Iterator[Document]:
     for path in files:  # one file in memory at a time
-        yield from _file_documents(path)
+        if per_file:
+            sentences = split_sentences(_read(path))
+            if sentences:
+                yield sentences
+        else:
+            yield from _file_documents(path)
 
 
-def iter_documents(source: str | Path) -> Iterator[Document]:
-    """Stream the documents of `source`: "wiki", a text file, or a folder of *.txt files."""
+def iter_documents(source: str | Path, per_file: bool = False) -> Iterator[Document]:
+    """Stream the documents of `source`: "wiki", a text file, or a folder of *.txt files.
+    Documents are separated by blank lines, or with per_file each file is one document (its
+    blank lines then only end paragraphs), as for a folder of articles or manual pages."""
     if str(source) == "wiki":
         _wiki_path()
         return wiki_documents()
@@ -88,10 +95,10 @@ def iter_documents(source: str | Path) -> Iterator[Document]:
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
             raise BertkitError(f"{path}: folder holds no .txt files")
-        return _files_documents(files)
+        return _files_documents(files, per_file)
     if not path.exists():
         raise BertkitError(f"{path}: no such file or folder")
-    return _files_documents([path])
+    return _files_documents([path], per_file)
 
 
 def load_documents(source: str | Path) -> list[Document]:

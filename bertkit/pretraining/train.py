@@ -34,6 +34,7 @@ from .shards import TokenStore, tokenize_corpus
 @dataclass
 class PretrainConfig:
     corpus: str = "wiki"             # a .txt file, a folder of .txt files, or "wiki" (built-in sample)
+    doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
     out: str | None = None           # default: runs/pretrain-<time>
     steps: int = 300                 # optimizer steps; ~10 min for tiny at 512 x 64 on 2 CPU cores
@@ -64,7 +65,7 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("batch_size", "grad_accum", "max_len", "lr", "warmup", "weight_decay", "clip", "mask_prob",
+    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "lr", "warmup", "weight_decay", "clip", "mask_prob",
              "max_predictions", "whole_word", "short_seq_prob", "nsp_weight", "seed", "holdout_every")
 
     @classmethod
@@ -108,9 +109,9 @@ class PretrainConfig:
 
 
 # ---- set-up ---------------------------------------------------------------------------------
-def _documents(corpus: str):
+def _documents(cfg: PretrainConfig):
     from .corpus import iter_documents
-    return iter_documents(corpus)
+    return iter_documents(cfg.corpus, per_file=cfg.doc_per_file)
 
 
 def _prepare_tokenizer(cfg: PretrainConfig, data: Path, log) -> WordPieceTokenizer:
@@ -126,7 +127,7 @@ def _prepare_tokenizer(cfg: PretrainConfig, data: Path, log) -> WordPieceTokeniz
         # note: `tokenizers` breaks ties between equally frequent merges in hash order, so two
         # trainings on the same text can differ slightly; pass --vocab for reproducible runs
         log(f"training a WordPiece vocabulary of {cfg.vocab_size} on {cfg.corpus}")
-        tok = WordPieceTokenizer.train((s for doc in _documents(cfg.corpus) for s in doc), cfg.vocab_size)
+        tok = WordPieceTokenizer.train((s for doc in _documents(cfg) for s in doc), cfg.vocab_size)
     data.mkdir(parents=True, exist_ok=True)
     tok.save(data)
     return tok
@@ -139,7 +140,7 @@ def _prepare_data(cfg: PretrainConfig, tok: WordPieceTokenizer, data: Path, log)
         if train.matches(tok):
             return train, held
     log(f"tokenizing {cfg.corpus} into {shards}")
-    return tokenize_corpus(_documents(cfg.corpus), tok, shards, cfg.holdout_every, cfg.shard_tokens)
+    return tokenize_corpus(_documents(cfg), tok, shards, cfg.holdout_every, cfg.shard_tokens)
 
 
 def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining:
