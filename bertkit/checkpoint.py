@@ -177,9 +177,13 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
 
 # ---- saving ---------------------------------------------------------------------------------
 def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | None = None,
-               extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
+               extra_tensors: dict[str, torch.Tensor] | None = None, architecture: str | None = None,
+               config_extra: dict | None = None) -> Path:
     """Write a model folder (HF layout). Each file is written to a temporary name then renamed,
-    so a crash never leaves a half-written model behind."""
+    so a crash never leaves a half-written model behind.
+
+    extra_tensors are a task head's (e.g. classifier.weight); with them the encoder is saved under
+    HF's "bert." prefix, as transformers' task models (BertForSequenceClassification ...) expect."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     heads = isinstance(model, BertForPreTraining)
@@ -187,11 +191,13 @@ def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | N
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     hf = to_hf(state, cfg, heads)
     if extra_tensors:
+        if not heads:
+            hf = {"bert." + k: v for k, v in hf.items()}
         hf.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
-    arch = "BertForPreTraining" if heads else "BertModel"
+    arch = architecture or ("BertForPreTraining" if heads else "BertModel")
+    config = {**cfg.to_dict(arch), **(config_extra or {})}
     _atomic_write(folder / WEIGHTS, lambda p: save_file(hf, p, metadata={"format": "pt"}))
-    _atomic_write(folder / "config.json",
-                  lambda p: Path(p).write_text(json.dumps(cfg.to_dict(arch), indent=2) + "\n"))
+    _atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     if tokenizer is not None:
         tokenizer.save(folder)
     if bertkit_info is not None:

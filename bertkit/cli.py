@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import warnings
 from pathlib import Path
@@ -69,8 +70,6 @@ def cmd_encode(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
-    import json
-
     from .pretraining.train import PretrainConfig, pretrain
 
     overrides = {k: getattr(args, k) for k in (
@@ -107,8 +106,6 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_fill_mask(args) -> None:
-    import json
-
     from .checkpoint import load_model
     from .fill_mask import fill_mask
     from .tokenizer import WordPieceTokenizer
@@ -119,6 +116,54 @@ def cmd_fill_mask(args) -> None:
     for text, preds in zip(args.text, fill_mask(model, WordPieceTokenizer.from_folder(args.model),
                                                 args.text, args.top_k)):
         print(json.dumps({"text": text, "predictions": preds}))
+
+
+def _task_options(args) -> dict:
+    opts = {}
+    for pair in args.option or []:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise BertkitError(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            opts[key] = json.loads(value)
+        except ValueError:
+            opts[key] = value
+    if args.head:
+        opts["head"] = args.head
+    return opts
+
+
+def cmd_finetune(args) -> None:
+    from .finetune import FinetuneConfig, finetune
+
+    cfg = FinetuneConfig(task=args.task, model=args.model, train=args.train, eval=args.eval, out=args.out,
+                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
+                         log_every=args.log_every, seed=args.seed, patience=args.patience,
+                         options=_task_options(args))
+    summary = finetune(cfg)
+    best = summary["best_metrics"]
+    shown = {k: round(v, 4) for k, v in best.items() if isinstance(v, float)}
+    print(f"bertkit: best epoch {summary['best_epoch']} of {summary['epochs_run']}: {json.dumps(shown)}; "
+          f"model in {args.out}")
+
+
+def cmd_evaluate(args) -> None:
+    from .finetune import evaluate_folder
+
+    print(json.dumps(evaluate_folder(args.task, args.model, args.data, max_len=args.max_len)))
+
+
+def cmd_predict(args) -> None:
+    from .finetune import load_task_model, run_task
+
+    task, model, tok = load_task_model(args.model, args.task)
+    if args.input is None and not args.text:
+        raise BertkitError("give --input FILE or texts to predict")
+    examples = task.read_inputs(path=args.input) if args.input else task.read_inputs(texts=args.text)
+    feats = task.features(examples, tok, args.max_len or task.info.get("max_len", 128))
+    preds, _ = run_task(task, model, feats, examples, tok)
+    for p, ex in zip(preds, examples):
+        print(json.dumps(task.describe(p, ex)))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -174,6 +219,40 @@ def build_parser() -> argparse.ArgumentParser:
     fm.add_argument("text", nargs="*")
     fm.set_defaults(func=cmd_fill_mask)
 
+    from .tasks import TASKS
+    ft = sub.add_parser("finetune", help="fine-tune a model folder for a task")
+    ft.add_argument("task", choices=list(TASKS))
+    ft.add_argument("--model", required=True, help="model folder (HF layout)")
+    ft.add_argument("--train", required=True)
+    ft.add_argument("--eval", required=True)
+    ft.add_argument("--out", required=True)
+    ft.add_argument("--epochs", type=int, default=3)
+    ft.add_argument("--batch-size", type=int, default=32)
+    ft.add_argument("--lr", type=float, default=5e-5)
+    ft.add_argument("--max-len", type=int, default=128)
+    ft.add_argument("--log-every", type=int, default=10)
+    ft.add_argument("--seed", type=int, default=0)
+    ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")
+    ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
+    ft.add_argument("--option", action="append", metavar="KEY=VALUE",
+                    help="task option, e.g. k=3 (summarize), doc_stride=128 (qa), pooling=cls")
+    ft.set_defaults(func=cmd_finetune)
+
+    ev = sub.add_parser("evaluate", help="metrics of a fine-tuned folder on a data file, as one JSON object")
+    ev.add_argument("task", choices=list(TASKS))
+    ev.add_argument("--model", required=True)
+    ev.add_argument("--data", required=True)
+    ev.add_argument("--max-len", type=int, default=None)
+    ev.set_defaults(func=cmd_evaluate)
+
+    pr = sub.add_parser("predict", help="predictions of a fine-tuned folder, as JSON lines")
+    pr.add_argument("task", choices=list(TASKS))
+    pr.add_argument("--model", required=True)
+    pr.add_argument("--input", help=".txt (one per line) or .jsonl (text[, text_pair]; qa: question, context)")
+    pr.add_argument("--max-len", type=int, default=None)
+    pr.add_argument("text", nargs="*")
+    pr.set_defaults(func=cmd_predict)
+
     t = sub.add_parser("tokenizer", help="WordPiece vocabularies")
     tsub = t.add_subparsers(dest="action", required=True)
     tt = tsub.add_parser("train", help="train a WordPiece vocabulary on a text file or folder of .txt files")
@@ -188,7 +267,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # texts after the options (`predict TASK --model M "a text"`): argparse leaves them over
+    if extra and hasattr(args, "text") and not any(e.startswith("-") for e in extra):
+        args.text = list(args.text or []) + extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.formatwarning = lambda msg, *a, **k: f"bertkit: warning: {msg}\n"
     try:
         args.func(args)

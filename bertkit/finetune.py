@@ -1,0 +1,233 @@
+"""One fine-tuning loop for every task, and loading a fine-tuned folder for evaluate / predict.
+
+The loop knows nothing about the task: it asks the task for features, a head, a loss and a
+decoding, trains with AdamW (warmup + linear decay), evaluates after each epoch, keeps the best
+epoch's model in OUT and stops early when the task's metric stops improving.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from .checkpoint import load_model, save_model
+from .encode import folder_pooling
+from .errors import BertkitError
+from .model import init_weights
+from .tasks import get_task
+from .tasks.base import Task, TaskModel
+from .tokenizer import WordPieceTokenizer
+from .training_log import MetricsLog, plot_losses, write_json
+
+
+@dataclass
+class FinetuneConfig:
+    task: str
+    model: str                     # a model folder (HF layout): pretrained BERT or a bertkit run
+    train: str
+    eval: str
+    out: str
+    epochs: int = 3
+    batch_size: int = 32
+    eval_batch_size: int = 64
+    lr: float = 5e-5
+    max_len: int = 128
+    warmup: float = 0.1            # share of steps warming up, then linear decay to 0
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    patience: int | None = None    # stop after this many epochs without a better eval metric
+    log_every: int = 10
+    seed: int = 0
+    progress: bool = True
+    options: dict = field(default_factory=dict)  # task options: head, dropout, pooling, k, doc_stride ...
+
+    def __post_init__(self):
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every"):
+            if getattr(self, name) < 1:
+                raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+
+
+def _head_state(model: TaskModel) -> dict[str, torch.Tensor]:
+    """Head tensors to save, less those tied to the encoder (the word task's decoder)."""
+    shared = {id(p) for p in model.bert.parameters()}
+    return {k: v for k, v in model.head.state_dict(keep_vars=True).items() if id(v) not in shared}
+
+
+def save_task_model(model: TaskModel, task: Task, tokenizer: WordPieceTokenizer, out: Path) -> None:
+    save_model(model.bert, out, tokenizer, bertkit_info={"task": task.name, **task.info},
+               extra_tensors={k: v.detach() for k, v in _head_state(model).items()},
+               architecture=task.hf_architecture, config_extra=task.hf_config())
+
+
+def load_task_model(folder: str | Path, task_name: str | None = None, device=None):
+    """A fine-tuned folder -> (task, model in eval mode, tokenizer)."""
+    folder = Path(folder)
+    info_path = folder / "bertkit.json"
+    if not info_path.is_file():
+        raise BertkitError(f"{folder}: no bertkit.json: not a fine-tuned bertkit model (run `bertkit finetune`)")
+    info = json.loads(info_path.read_text())
+    name = info.pop("task", None)
+    if task_name is not None and name != task_name:
+        raise BertkitError(f"{folder} was fine-tuned for {name!r}, not {task_name!r}")
+    task = get_task(name)(info)
+    bert, extra = load_model(folder, heads=False)
+    model = TaskModel(bert, task.head(bert.config, bert))
+    wanted = _head_state(model)
+    missing = [k for k in wanted if k not in extra]
+    if missing:
+        raise BertkitError(f"{folder / 'model.safetensors'}: the {name} head's tensor {missing[0]!r} is missing")
+    model.head.load_state_dict({k: extra[k] for k in wanted}, strict=False)
+    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+    return task, model, WordPieceTokenizer.from_folder(folder)
+
+
+def _batches(feats, task, tokenizer, batch_size, device, order=None):
+    idx = list(range(len(feats))) if order is None else order
+    for s in range(0, len(idx), batch_size):
+        chunk = [feats[i] for i in idx[s:s + batch_size]]
+        yield {k: v.to(device) for k, v in task.collate(chunk, tokenizer).items()}
+
+
+@torch.no_grad()
+def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64):
+    """Predictions (and the mean loss when the features carry targets) over all features."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    outputs, losses = [], []
+    for batch in _batches(feats, task, tokenizer, batch_size, device):
+        with autocast:
+            loss, out = task.forward(model, batch)
+        outputs.append(out)
+        if loss is not None:
+            losses.append(loss.item())
+    model.train(was_training)
+    return task.decode(outputs, feats, examples), (sum(losses) / len(losses) if losses else None)
+
+
+def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None) -> dict:
+    task, model, tok = load_task_model(folder, task_name)
+    examples = task.read(data_path)
+    task.check(examples, str(data_path))
+    feats = task.features(examples, tok, max_len or task.info.get("max_len", 128))
+    preds, loss = run_task(task, model, feats, examples, tok, batch_size)
+    metrics = task.metrics(preds, examples)
+    if loss is not None:
+        metrics["loss"] = loss
+    return metrics
+
+
+def finetune(cfg: FinetuneConfig) -> dict:
+    out = Path(cfg.out)
+    log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress else (lambda msg: None)
+    if out.exists() and any((out / n).exists() for n in ("model.safetensors", "metrics.jsonl")):
+        raise BertkitError(f"{out} already holds a model or a run; choose another --out")
+    task = get_task(cfg.task)()
+    train_ex, eval_ex = task.read(cfg.train), task.read(cfg.eval)
+    if not train_ex:
+        raise BertkitError(f"{cfg.train}: no training examples")
+    if not eval_ex:
+        raise BertkitError(f"{cfg.eval}: no evaluation examples")
+    tok = WordPieceTokenizer.from_folder(cfg.model)
+    torch.manual_seed(cfg.seed)
+    bert, _ = load_model(cfg.model, heads=False)
+    if cfg.max_len > bert.config.max_position_embeddings:
+        raise BertkitError(f"--max-len {cfg.max_len} exceeds the model's {bert.config.max_position_embeddings} positions")
+    # a sentence-transformers checkpoint was trained for its own pooling; its pooler may be untrained
+    options = {"pooling": folder_pooling(cfg.model) or "pooler", "max_len": cfg.max_len, "base_model": str(cfg.model),
+               **cfg.options}
+    task.fit(train_ex, options)
+    task.check(eval_ex, cfg.eval)
+    model = TaskModel(bert, task.head(bert.config, bert))
+    init_weights(model.head, bert.config)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model.to(device)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    train_feats = task.features(train_ex, tok, cfg.max_len)
+    eval_feats = task.features(eval_ex, tok, cfg.max_len)
+    log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation")
+
+    decay = [p for p in model.parameters() if p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    steps_per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
+    total = steps_per_epoch * cfg.epochs
+    warmup = max(1, int(cfg.warmup * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    out.mkdir(parents=True, exist_ok=True)
+    metrics_log = MetricsLog(out)
+    write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
+
+    step, best, best_epoch, stale = 0, -math.inf, 0, 0
+    history = []
+    t_start = time.perf_counter()
+    window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
+    bar = tqdm(total=total, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+    for epoch in range(1, cfg.epochs + 1):
+        model.train()
+        g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+        order = torch.randperm(len(train_feats), generator=g).tolist()
+        for batch in _batches(train_feats, task, tok, cfg.batch_size, device, order):
+            t0 = time.perf_counter()
+            with autocast:
+                loss, _ = task.forward(model, batch)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            opt.step()
+            sched.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            if not math.isfinite(loss.item()):
+                raise BertkitError(f"step {step}: the loss is not finite; lower --lr")
+            window["loss"] += loss.item()
+            window["n"] += 1
+            window["examples"] += len(batch["input_ids"])
+            window["compute"] += time.perf_counter() - t0
+            bar.update(1)
+            if step % cfg.log_every == 0 or step == total:
+                rec = {"step": step, "epoch": epoch, "loss": window["loss"] / window["n"], "lr": sched.get_last_lr()[0],
+                       "elapsed_s": time.perf_counter() - t_start,
+                       "pairs_per_s": window["examples"] / window["compute"]}
+                metrics_log.write(rec)
+                bar.set_postfix(loss=f"{rec['loss']:.4f}")
+                window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
+        preds, eval_loss = run_task(task, model, eval_feats, eval_ex, tok, cfg.eval_batch_size)
+        scores = task.metrics(preds, eval_ex)
+        rec = {"step": step, "epoch": epoch, "eval_loss": eval_loss,
+               **{f"eval_{k}": v for k, v in scores.items() if isinstance(v, (int, float))}}
+        metrics_log.write(rec)
+        history.append({"epoch": epoch, **scores, "eval_loss": eval_loss})
+        score = scores[task.primary_metric]
+        log(f"epoch {epoch}: {task.primary_metric} {score:.4f}" + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
+        if score > best:
+            best, best_epoch, stale = score, epoch, 0
+            save_task_model(model, task, tok, out)
+        else:
+            stale += 1
+            if cfg.patience is not None and stale >= cfg.patience:
+                log(f"no improvement for {stale} epoch(s): stopping early")
+                break
+    bar.close()
+    records = metrics_log.records()
+    plot_losses(records, out / "loss.png", [("loss", "train"), ("eval_loss", "eval")],
+                f"fine-tuning {cfg.task} from {Path(cfg.model).name}")
+    summary = {"task": cfg.task, "best_epoch": best_epoch, f"best_{task.primary_metric}": best,
+               "best_metrics": history[best_epoch - 1], "epochs_run": len(history), "history": history,
+               "train_examples": len(train_ex), "eval_examples": len(eval_ex), "steps": step,
+               "train_s": time.perf_counter() - t_start,
+               "pairs_per_s": sum(r.get("pairs_per_s", 0) for r in records if "pairs_per_s" in r)
+               / max(1, sum(1 for r in records if "pairs_per_s" in r)),
+               "device": str(device), "config": dataclasses.asdict(cfg)}
+    write_json(out / "summary.json", summary)
+    metrics_log.close()
+    return summary

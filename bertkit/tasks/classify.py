@@ -1,0 +1,141 @@
+"""Sentence (or sentence-pair) classification, any number of labels; sentiment is this task.
+
+The sentence vector is BERT's tanh pooler output, or for a sentence-transformers checkpoint the
+pooling it was trained with (MiniLM: mean), then dropout and a linear layer, or an MLP head
+(hidden layer, ReLU, dropout) with `head = "mlp"`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..encode import pool
+from ..errors import BertkitError
+from ..inputs import read_text_inputs
+from .base import Task, bert_inputs, pad
+
+
+class ClassifierHead(nn.Module):
+    def __init__(self, hidden: int, n_labels: int, dropout: float, mlp: bool):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        # "classifier" is HF BertForSequenceClassification's name: a linear head loads there too
+        self.hidden = nn.Linear(hidden, hidden) if mlp else None
+        self.classifier = nn.Linear(hidden, n_labels)
+
+    def forward(self, x):                                 # x: (B, H) sentence vectors
+        if self.hidden is not None:
+            x = self.drop(F.relu(self.hidden(self.drop(x))))
+        return self.classifier(self.drop(x))              # (B, n_labels)
+
+
+def _label(value) -> str:
+    return str(value).strip()
+
+
+class ClassifyTask(Task):
+    name = "classify"
+    primary_metric = "accuracy"
+
+    @property
+    def hf_architecture(self):
+        # transformers' classifier is pooler + dropout + linear: the same network only then
+        linear_on_pooler = self.info.get("head", "linear") == "linear" and self.info.get("pooling") == "pooler"
+        return "BertForSequenceClassification" if linear_on_pooler else "BertModel"
+
+    def read(self, path):
+        from ..datasets import read_classify
+        rows = read_classify(path)
+        for r in rows:
+            r["label"] = _label(r["label"])
+        return rows
+
+    def read_inputs(self, path=None, texts=None):
+        if path is not None:
+            inputs = read_text_inputs(path)
+            pairs = inputs.pairs or [None] * len(inputs.texts)
+            return [{"text": t, "text_pair": p} for t, p in zip(inputs.texts, pairs)]
+        return [{"text": t, "text_pair": None} for t in texts]
+
+    def fit(self, train, options):
+        super().fit(train, options)
+        labels = sorted({r["label"] for r in train})
+        if all(lab.lstrip("-").isdigit() for lab in labels):
+            labels.sort(key=int)
+        if len(labels) < 2:
+            raise BertkitError(f"classification needs at least two labels in the training data, found {labels}")
+        self.info["labels"] = labels
+
+    def check(self, examples, source):
+        known = set(self.info["labels"])
+        unknown = [(i, r) for i, r in enumerate(examples) if r.get("label") is not None and r["label"] not in known]
+        if unknown:
+            i, r = unknown[0]
+            where = f"line {r['line']}" if "line" in r else f"row {i + 1}"
+            raise BertkitError(f"{source}, {where}: label {r['label']!r} is not one the model knows "
+                               f"({', '.join(self.info['labels'])}); {len(unknown)} such row(s)")
+
+    def features(self, examples, tokenizer, max_len):
+        pairs = [r.get("text_pair") for r in examples]
+        has_pairs = any(p is not None for p in pairs)
+        encs = tokenizer.encode_unpadded([r["text"] for r in examples],
+                                         [p or "" for p in pairs] if has_pairs else None, max_len)
+        index = {lab: i for i, lab in enumerate(self.info["labels"])}
+        return [{"input_ids": e.ids, "token_type_ids": e.type_ids, "attention_mask": [1] * len(e.ids),
+                 "labels": index.get(r.get("label"), -100)} for e, r in zip(encs, examples)]
+
+    def collate(self, feats, tokenizer):
+        return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100})
+
+    def head(self, cfg, bert):
+        return ClassifierHead(cfg.hidden_size, len(self.info["labels"]), self.info.get("dropout", 0.1),
+                              self.info.get("head", "linear") == "mlp")
+
+    def forward(self, model, batch):
+        out = model.bert(**bert_inputs(batch))
+        vec = pool(out.sequence_output, out.pooled_output, batch["attention_mask"], self.info.get("pooling", "pooler"))
+        logits = model.head(vec).float()
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits, labels) if (labels != -100).any() else None
+        return loss, logits.softmax(-1)
+
+    def decode(self, outputs, feats, examples):
+        probs = torch.cat(outputs).cpu().numpy()
+        return [{"label": self.info["labels"][int(p.argmax())],
+                 "scores": {lab: float(s) for lab, s in zip(self.info["labels"], p)}} for p in probs]
+
+    def metrics(self, predictions, examples):
+        labels = self.info["labels"]
+        index = {lab: i for i, lab in enumerate(labels)}
+        gold = np.array([index[r["label"]] for r in examples])
+        pred = np.array([index[p["label"]] for p in predictions])
+        return classification_metrics(gold, pred, labels)
+
+    def hf_config(self):
+        labels = self.info["labels"]
+        return {"id2label": {str(i): lab for i, lab in enumerate(labels)},
+                "label2id": {lab: i for i, lab in enumerate(labels)}}
+
+    def describe(self, prediction, example):
+        return {"text": example["text"], **({"text_pair": example["text_pair"]} if example.get("text_pair") else {}),
+                **prediction}
+
+
+def classification_metrics(gold: np.ndarray, pred: np.ndarray, labels: list[str]) -> dict:
+    """Accuracy, macro-F1 (mean per-label F1 over the labels present in gold or predictions, as
+    scikit-learn computes it) and the confusion matrix [gold][predicted]."""
+    n = len(labels)
+    confusion = np.zeros((n, n), dtype=np.int64)
+    np.add.at(confusion, (gold, pred), 1)
+    tp = np.diag(confusion).astype(float)
+    precision = np.divide(tp, confusion.sum(0), out=np.zeros(n), where=confusion.sum(0) > 0)
+    recall = np.divide(tp, confusion.sum(1), out=np.zeros(n), where=confusion.sum(1) > 0)
+    f1 = np.divide(2 * precision * recall, precision + recall, out=np.zeros(n), where=(precision + recall) > 0)
+    present = (confusion.sum(0) + confusion.sum(1)) > 0
+    return {"accuracy": float(tp.sum() / max(1, len(gold))),
+            "macro_f1": float(f1[present].mean()) if present.any() else 0.0,
+            "per_label_f1": {lab: float(v) for lab, v in zip(labels, f1)},
+            "confusion_matrix": {"labels": labels, "rows_gold_cols_predicted": confusion.tolist()},
+            "examples": int(len(gold))}

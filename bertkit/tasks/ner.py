@@ -1,0 +1,139 @@
+"""Token classification: named entities (`ner`, a linear layer per token) and tagging with a
+linear-chain CRF on top (`tag`).
+
+Words are split into pieces; a word's label sits on its first piece and the other pieces are
+ignored in the loss. Predictions are read at first pieces and mapped back to words. Words cut off
+by the length limit are predicted "O" and counted.
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import BertkitError
+from ..inputs import read_text
+from .base import Task, bert_inputs, pad
+from .crf import CRF, bio_constraints
+
+
+class TokenHead(nn.Module):
+    def __init__(self, hidden: int, n_labels: int, dropout: float, crf: CRF | None = None):
+        super().__init__()
+        self.drop = nn.Dropout(dropout)
+        self.classifier = nn.Linear(hidden, n_labels)  # HF BertForTokenClassification's name
+        self.crf = crf
+
+    def forward(self, h):                  # h: (B, T, H)
+        return self.classifier(self.drop(h))  # (B, T, n_labels)
+
+
+class NerTask(Task):
+    name = "ner"
+    primary_metric = "f1"
+    hf_architecture = "BertForTokenClassification"
+    use_crf = False
+
+    def read(self, path):
+        from ..datasets import read_conll
+        return [{"words": w, "tags": t} for w, t in read_conll(path)]
+
+    def read_inputs(self, path=None, texts=None):
+        # one sentence per line (or JSONL "text"), split on whitespace into words
+        if path is not None:
+            from ..inputs import read_text_inputs
+            texts = read_text_inputs(path).texts
+        return [{"words": t.split(), "tags": None} for t in texts]
+
+    def fit(self, train, options):
+        super().fit(train, options)
+        labels = sorted({t for ex in train for t in ex["tags"]}, key=lambda t: (t != "O", t[2:], t[:2]))
+        if self.use_crf:
+            bio_constraints(labels)  # fails early, naming a label that is not O / B-X / I-X
+        self.info["labels"] = labels
+
+    def check(self, examples, source):
+        known = set(self.info["labels"])
+        for i, ex in enumerate(examples):
+            bad = [t for t in (ex["tags"] or []) if t not in known]
+            if bad:
+                raise BertkitError(f"{source}, sentence {i + 1}: tag {bad[0]!r} is not one the model knows "
+                                   f"({', '.join(self.info['labels'])})")
+
+    def features(self, examples, tokenizer, max_len):
+        tok = tokenizer.tok
+        tok.enable_truncation(max_len)
+        encs = tok.encode_batch([ex["words"] for ex in examples], is_pretokenized=True)
+        index = {t: i for i, t in enumerate(self.info["labels"])}
+        feats, cut = [], 0
+        for ex, e in zip(examples, encs):
+            starts, seen = [], set()
+            for pos, w in enumerate(e.word_ids):
+                if w is not None and w not in seen:
+                    seen.add(w)
+                    starts.append(pos)
+            cut += len(ex["words"]) > len(starts)
+            labels = [-100] * len(e.ids)
+            word_labels = [index[t] for t in ex["tags"][:len(starts)]] if ex["tags"] else [0] * len(starts)
+            for pos, lab in zip(starts, word_labels):
+                labels[pos] = lab
+            feats.append({"input_ids": e.ids, "token_type_ids": [0] * len(e.ids), "attention_mask": [1] * len(e.ids),
+                          "labels": labels if ex["tags"] else [-100] * len(e.ids), "word_starts": starts,
+                          "word_labels": word_labels, "word_mask": [1] * len(starts), "n_words": len(ex["words"])})
+        if cut:
+            print(f"bertkit: {cut} sentence(s) longer than {max_len} pieces: their last words are predicted 'O'",
+                  file=sys.stderr)
+        return feats
+
+    def collate(self, feats, tokenizer):
+        return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100,
+                           "word_starts": 0, "word_labels": 0, "word_mask": 0})
+
+    def head(self, cfg, bert):
+        n = len(self.info["labels"])
+        crf = CRF(n, bio_constraints(self.info["labels"])) if self.use_crf else None
+        return TokenHead(cfg.hidden_size, n, self.info.get("dropout", 0.1), crf)
+
+    def forward(self, model, batch):
+        h = model.bert(**bert_inputs(batch)).sequence_output
+        logits = model.head(h).float()                                         # (B, T, L)
+        has_targets = bool((batch["labels"] != -100).any())
+        if self.use_crf:
+            # the CRF runs over words: the emission of a word is that of its first piece
+            starts = batch["word_starts"]                                       # (B, W)
+            emissions = logits.gather(1, starts[..., None].expand(-1, -1, logits.size(-1)))  # (B, W, L)
+            mask = batch["word_mask"].bool()
+            loss = model.head.crf(emissions, batch["word_labels"], mask) if has_targets else None
+            return loss, model.head.crf.decode(emissions, mask)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100) if has_targets else None
+        words = logits.argmax(-1).gather(1, batch["word_starts"])               # (B, W)
+        return loss, [row[:int(n)] for row, n in zip(words.tolist(), batch["word_mask"].sum(1).tolist())]
+
+    def decode(self, outputs, feats, examples):
+        rows = [r for out in outputs for r in out]
+        labels = self.info["labels"]
+        return [[labels[i] for i in row] + ["O"] * (f["n_words"] - len(row)) for row, f in zip(rows, feats)]
+
+    def metrics(self, predictions, examples):
+        from seqeval.metrics import f1_score, precision_score, recall_score
+        gold = [ex["tags"] for ex in examples]
+        return {"precision": precision_score(gold, predictions), "recall": recall_score(gold, predictions),
+                "f1": f1_score(gold, predictions), "sentences": len(gold),
+                "token_accuracy": sum(p == g for ps, gs in zip(predictions, gold) for p, g in zip(ps, gs))
+                / max(1, sum(len(g) for g in gold))}
+
+    def hf_config(self):
+        labels = self.info["labels"]
+        return {"id2label": {str(i): lab for i, lab in enumerate(labels)},
+                "label2id": {lab: i for i, lab in enumerate(labels)}}
+
+    def describe(self, prediction, example):
+        return {"words": example["words"], "tags": prediction}
+
+
+class TagTask(NerTask):
+    name = "tag"
+    use_crf = True
+    hf_architecture = "BertModel"  # transformers has no CRF head

@@ -1,0 +1,104 @@
+"""A short phrase to one vocabulary word through [CLS] ("large" -> "size", "very heavy" -> "weight").
+
+The [CLS] vector goes through a transform like the MLM head's (dense, GELU, LayerNorm) and is
+projected onto the vocabulary, by default with the word embeddings themselves (tied), so a
+target never seen in training can still be predicted from what its embedding means. Targets must
+be single vocabulary tokens; predictions range over whole-word tokens (no [unused], specials or
+'##' pieces).
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .base import Task, bert_inputs, pad
+
+
+class WordHead(nn.Module):
+    def __init__(self, cfg, word_embeddings: nn.Embedding, tied: bool):
+        super().__init__()
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
+        self.decoder = word_embeddings.weight if tied else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
+
+    def forward(self, cls):                                   # cls: (B, H)
+        h = self.norm(F.gelu(self.dense(cls)))                 # (B, H)
+        return F.linear(h, self.decoder, self.bias)            # (B, V)
+
+
+class WordTask(Task):
+    name = "word"
+    primary_metric = "acc@1"
+
+    def read(self, path):
+        from ..datasets import read_word
+        return read_word(path)
+
+    def read_inputs(self, path=None, texts=None):
+        if path is not None:
+            from ..inputs import read_text_inputs
+            texts = read_text_inputs(path).texts
+        return [{"text": t, "word": None} for t in texts]
+
+    def features(self, examples, tokenizer, max_len):
+        encs = tokenizer.encode_unpadded([ex["text"] for ex in examples], None, max_len)
+        unreachable = 0
+        feats = []
+        for ex, e in zip(examples, encs):
+            target = tokenizer.token_to_id(ex["word"].lower() if tokenizer.lowercase else ex["word"]) if ex["word"] else None
+            unreachable += ex["word"] is not None and target is None
+            feats.append({"input_ids": e.ids, "token_type_ids": e.type_ids, "attention_mask": [1] * len(e.ids),
+                          "labels": -100 if target is None else target})
+        if unreachable:
+            # kept (they score as misses), never silently dropped
+            print(f"bertkit: {unreachable} of {len(examples)} target word(s) are not single vocabulary tokens: "
+                  "they cannot be predicted and count as wrong", file=sys.stderr)
+        self._candidates = self._whole_words(tokenizer)
+        self._tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
+        self._lowercase = tokenizer.lowercase
+        return feats
+
+    @staticmethod
+    def _whole_words(tokenizer) -> torch.Tensor:
+        allowed = torch.zeros(tokenizer.vocab_size, dtype=torch.bool)
+        for token, i in tokenizer.tok.get_vocab().items():
+            allowed[i] = not token.startswith("##") and not (token.startswith("[") and token.endswith("]"))
+        return allowed
+
+    def collate(self, feats, tokenizer):
+        return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100})
+
+    def head(self, cfg, bert):
+        return WordHead(cfg, bert.embeddings.word, tied=self.info.get("tied", True))
+
+    def forward(self, model, batch):
+        out = model.bert(**bert_inputs(batch))
+        logits = model.head(out.sequence_output[:, 0]).float()                 # (B, V)
+        labels = batch["labels"]
+        loss = F.cross_entropy(logits, labels, ignore_index=-100) if (labels != -100).any() else None
+        logits = logits.masked_fill(~self._candidates.to(logits.device), float("-inf"))
+        probs, ids = logits.softmax(-1).topk(10, dim=-1)
+        return loss, (ids.cpu(), probs.cpu())
+
+    def decode(self, outputs, feats, examples):
+        ids = torch.cat([o[0] for o in outputs]).tolist()
+        probs = torch.cat([o[1] for o in outputs]).tolist()
+        return [{"word": self._tokens[row[0]], "top": [{"word": self._tokens[i], "score": p} for i, p in zip(row, ps)]}
+                for row, ps in zip(ids, probs)]
+
+    def metrics(self, predictions, examples):
+        hits1 = hits5 = 0
+        for p, ex in zip(predictions, examples):
+            target = ex["word"].lower() if self._lowercase else ex["word"]
+            top5 = [t["word"] for t in p["top"][:5]]
+            hits1 += top5[0] == target
+            hits5 += target in top5
+        n = max(1, len(examples))
+        return {"acc@1": hits1 / n, "acc@5": hits5 / n, "examples": len(examples)}
+
+    def describe(self, prediction, example):
+        return {"text": example["text"], **prediction}
