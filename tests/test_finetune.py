@@ -57,3 +57,83 @@ def test_classify_end_to_end(tmp_path, tiny_bert, capsys):
         theirs = hf(**batch.model_inputs()).logits.softmax(-1)
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=0)
     assert hf.config.id2label == {0: "fresh", 1: "rotten"}
+
+
+CONLL = """EU B-org
+rejects O
+German B-misc
+call O
+to O
+boycott O
+British B-misc
+lamb O
+
+Peter B-person
+Blackburn I-person
+visited O
+Paris B-geo-loc
+
+"""
+
+
+@pytest.mark.parametrize("task", ["ner", "tag"])
+def test_token_tasks_end_to_end(tmp_path, tiny_bert, capsys, task):
+    data = tmp_path / "train.conll"
+    data.write_text(CONLL * 4)
+    out = tmp_path / task
+    _run(capsys, "finetune", task, "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+         "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "1e-3")
+    metrics = json.loads(_run(capsys, "evaluate", task, "--model", str(out), "--data", str(data)))
+    assert {"precision", "recall", "f1"} <= set(metrics)
+    preds = [json.loads(line) for line in _run(capsys, "predict", task, "--model", str(out),
+                                                 "Peter Blackburn visited unbelievably Paris").splitlines()]
+    assert len(preds[0]["tags"]) == 5  # one tag per word, although "unbelievably" splits into pieces
+    if task == "tag":
+        tags = preds[0]["tags"]
+        for prev, cur in zip(["O"] + tags, tags):  # the CRF never produces an invalid BIO sequence
+            assert not cur.startswith("I-") or prev[2:] == cur[2:]
+
+
+def test_label_alignment_on_words_split_into_pieces(minilm_folder):
+    from bertkit.tasks.ner import NerTask
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    task = NerTask()
+    examples = [{"words": ["Unbelievably", "Blackburn", "won"], "tags": ["O", "B-person", "O"]}]
+    task.fit(examples, {})
+    f = task.features(examples, tok, 32)[0]
+    pieces = [tok.id_to_token(i) for i in f["input_ids"]]
+    labelled = [(p, task.info["labels"][lab]) for p, lab in zip(pieces, f["labels"]) if lab != -100]
+    assert labelled == [("unbelievably", "O"), ("blackburn", "B-person"), ("won", "O")] or \
+        [p for p, _ in labelled] == [pieces[s] for s in f["word_starts"]]
+    # only first pieces carry labels; every other piece is ignored in the loss
+    assert sum(lab != -100 for lab in f["labels"]) == 3
+    assert all(not pieces[s].startswith("##") for s in f["word_starts"])
+
+
+def test_word_task_end_to_end(tmp_path, tiny_bert, capsys):
+    rows = [{"text": "large", "word": "size"}, {"text": "heavy", "word": "weight"},
+            {"text": "very tall", "word": "height"}, {"text": "wide", "word": "width"}] * 3
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "word"
+    _run(capsys, "finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+         "--out", str(out), "--epochs", "3", "--batch-size", "4", "--lr", "3e-3")
+    metrics = json.loads(_run(capsys, "evaluate", "word", "--model", str(out), "--data", str(data)))
+    assert {"acc@1", "acc@5"} <= set(metrics) and metrics["acc@5"] >= metrics["acc@1"]
+    pred = json.loads(_run(capsys, "predict", "word", "--model", str(out), "large").splitlines()[0])
+    assert len(pred["top"]) == 10 and not pred["word"].startswith("##")
+
+
+def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):
+    docs = [{"sentences": ["BERT is a language model.", "It was trained on books.", "The weather was nice.",
+                           "It reads text in both directions."], "labels": [1, 0, 0, 1]}] * 6
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    out = tmp_path / "summ"
+    _run(capsys, "finetune", "summarize", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+         "--out", str(out), "--epochs", "2", "--batch-size", "2", "--lr", "1e-3", "--option", "k=2")
+    metrics = json.loads(_run(capsys, "evaluate", "summarize", "--model", str(out), "--data", str(data)))
+    assert {"rouge1", "rouge2", "rougeL"} <= set(metrics)
+    pred = json.loads(_run(capsys, "predict", "summarize", "--model", str(out),
+                           "BERT is a model. It reads text. Cats sleep a lot.").splitlines()[0])
+    assert len(pred["summary"]) == 2 and pred["selected"] == sorted(pred["selected"])
