@@ -137,3 +137,25 @@ def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):
     pred = json.loads(_run(capsys, "predict", "summarize", "--model", str(out),
                            "BERT is a model. It reads text. Cats sleep a lot.").splitlines()[0])
     assert len(pred["summary"]) == 2 and pred["selected"] == sorted(pred["selected"])
+
+
+def test_qa_end_to_end(tmp_path, tiny_bert, capsys):
+    from bertkit.datasets import shared_dir
+    squad = json.loads((shared_dir() / "data" / "squad-expmrc" / "squad-v1.1-subset.json").read_text())
+    article = squad["data"][0]
+    article["paragraphs"] = article["paragraphs"][:2]
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"version": "1.1", "data": [article]}))
+    n = sum(len(p["qas"]) for p in article["paragraphs"])
+    out = tmp_path / "qa"
+    _run(capsys, "finetune", "qa", "--model", str(tiny_bert), "--train", str(small), "--eval", str(small),
+         "--out", str(out), "--epochs", "1", "--batch-size", "8", "--max-len", "128")
+    metrics = json.loads(_run(capsys, "evaluate", "qa", "--model", str(out), "--data", str(small)))
+    assert metrics["total"] == n and 0 <= metrics["exact"] <= metrics["f1"] <= 100
+    rows = tmp_path / "q.jsonl"
+    context = article["paragraphs"][0]["context"]
+    rows.write_text(json.dumps({"question": "What is it?", "context": context}) + "\n")
+    pred = json.loads(_run(capsys, "predict", "qa", "--model", str(out), "--input", str(rows)).splitlines()[0])
+    assert pred["answer"] in context  # exact characters of the context
+    from transformers import BertForQuestionAnswering
+    assert BertForQuestionAnswering.from_pretrained(str(out)).qa_outputs.weight.shape == (2, 32)

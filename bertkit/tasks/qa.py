@@ -1,0 +1,102 @@
+"""Extractive question answering on SQuAD-format data (v1.1 and v2.0).
+
+A linear layer gives every token a start and an end logit; long contexts are cut into
+overlapping windows, and the best valid span over all windows of a question is mapped back to
+exact characters of the context (squad.py holds the reading, windows, span search and metrics).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import BertkitError
+from ..inputs import read_text
+from .base import Task, bert_inputs, pad
+from .squad import QAExample, best_spans, make_windows, read_squad, squad_metrics
+
+
+class SpanHead(nn.Module):
+    def __init__(self, hidden: int):
+        super().__init__()
+        self.qa_outputs = nn.Linear(hidden, 2)  # HF BertForQuestionAnswering's name
+
+    def forward(self, h):                        # h: (B, T, H)
+        start, end = self.qa_outputs(h).unbind(-1)
+        return start, end                        # (B, T) each
+
+
+class QATask(Task):
+    name = "qa"
+    primary_metric = "f1"
+    hf_architecture = "BertForQuestionAnswering"
+
+    def read(self, path):
+        return read_squad(path)
+
+    def fit(self, train, options):
+        super().fit(train, options)
+        self.info.setdefault("version_2", any(ex.is_impossible for ex in train))
+
+    def read_inputs(self, path=None, texts=None):
+        import json
+        if path is None:
+            raise BertkitError("qa predictions need --input FILE.jsonl with 'question' and 'context' per line")
+        rows = []
+        for lineno, line in enumerate(read_text(path).splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                raise BertkitError(f"{path}, line {lineno}: not valid JSON ({e})") from None
+            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "context")):
+                raise BertkitError(f"{path}, line {lineno}: expected an object with string fields 'question' and 'context'")
+            rows.append(QAExample(str(row.get("id", lineno)), row["question"], row["context"], [], False, ""))
+        return rows
+
+    def features(self, examples, tokenizer, max_len):
+        stride = int(self.info.get("doc_stride", min(128, max_len // 4)))
+        query = int(self.info.get("max_query_len", min(64, max_len // 4)))
+        windows = make_windows(examples, tokenizer, max_len=max_len, doc_stride=stride, max_query_len=query)
+        self._windows = windows  # decoding needs the windows' offsets
+        return [{"input_ids": windows.input_ids[i], "token_type_ids": windows.token_type_ids[i],
+                 "attention_mask": windows.attention_mask[i], "start_positions": windows.start_positions[i],
+                 "end_positions": windows.end_positions[i], "has_targets": bool(examples[windows.example_index[i]].answers)
+                 or examples[windows.example_index[i]].is_impossible}
+                for i in range(len(windows))]
+
+    def collate(self, feats, tokenizer):
+        return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0,
+                           "start_positions": 0, "end_positions": 0, "has_targets": 0})
+
+    def head(self, cfg, bert):
+        return SpanHead(cfg.hidden_size)
+
+    def forward(self, model, batch):
+        h = model.bert(**bert_inputs(batch)).sequence_output
+        start, end = (x.float() for x in model.head(h))
+        pad_mask = batch["attention_mask"] == 0
+        start, end = start.masked_fill(pad_mask, -1e4), end.masked_fill(pad_mask, -1e4)
+        loss = None
+        if batch["has_targets"].all():
+            loss = (F.cross_entropy(start, batch["start_positions"]) + F.cross_entropy(end, batch["end_positions"])) / 2
+        return loss, (start.cpu(), end.cpu())
+
+    def decode(self, outputs, feats, examples):
+        T = max(s.size(1) for s, _ in outputs)
+        start = torch.cat([F.pad(s, (0, T - s.size(1)), value=-1e4) for s, _ in outputs])
+        end = torch.cat([F.pad(e, (0, T - e.size(1)), value=-1e4) for _, e in outputs])
+        nbest = best_spans(start, end, self._windows, examples, n_best=int(self.info.get("n_best", 20)),
+                           max_answer_len=int(self.info.get("max_answer_len", 30)),
+                           null_score_diff=float(self.info.get("null_score_diff", 0.0)),
+                           version_2=bool(self.info.get("version_2", False)))
+        return [{"id": ex.id, "answer": nbest[ex.id][0]["text"] if nbest[ex.id] else "", "nbest": nbest[ex.id][:5]}
+                for ex in examples]
+
+    def metrics(self, predictions, examples):
+        return squad_metrics({p["id"]: p["answer"] for p in predictions}, examples)
+
+    def describe(self, prediction, example):
+        return {"id": example.id, "question": example.question, "answer": prediction["answer"],
+                "nbest": prediction["nbest"]}
