@@ -51,7 +51,10 @@ class NerTask(Task):
         super().fit(train, options)
         labels = sorted({t for ex in train for t in ex["tags"]}, key=lambda t: (t != "O", t[2:], t[:2]))
         if self.use_crf:
-            bio_constraints(labels)  # fails early, naming a label that is not O / B-X / I-X
+            try:
+                bio_constraints(labels)  # fails early, naming a label that is not O / B-X / I-X
+            except ValueError as e:
+                raise BertkitError(f"the CRF's transition constraints need BIO tags: {e}") from None
         self.info["labels"] = labels
 
     def check(self, examples, source):
