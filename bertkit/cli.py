@@ -207,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each .txt file is one document (default: blank lines separate documents)")
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
     pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
-    pt.add_argument("--steps", type=int, help="optimizer steps (default 300)")
+    pt.add_argument("--steps", type=int, help="optimizer steps (default 450)")
     pt.add_argument("--batch-size", type=int, help="sentence pairs per step (default 512)")
     pt.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
     pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")

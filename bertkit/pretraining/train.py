@@ -37,7 +37,7 @@ class PretrainConfig:
     doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
     out: str | None = None           # default: runs/pretrain-<time>
-    steps: int = 300                 # optimizer steps; ~10 min for tiny at 512 x 64 on 2 CPU cores
+    steps: int = 450                 # optimizer steps; ~10 min for tiny at 512 x 64 on 2 CPU cores
     batch_size: int = 512            # sentence pairs per optimizer step (the textbook's 512)
     grad_accum: int = 1              # micro-batches per step: batch_size / grad_accum each
     max_len: int = 64                # tokens per pair, specials included (the textbook's 64)
