@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from bertkit.datasets import export
-from bertkit.finetune import FinetuneConfig, finetune, run_task
+from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.optim import adamw, warmup_linear
 from bertkit.tasks import get_task
 from bertkit.tokenizer import WordPieceTokenizer
 
@@ -90,12 +91,9 @@ def hf_finetune(name, model_dir, train_path, eval_path, options, epochs, batch_s
     model = getattr(transformers, hf_class).from_pretrained(str(model_dir), **kwargs)
     train_feats = task.features(train_ex, tok, max_len)
     eval_feats = task.features(eval_ex, tok, max_len)
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=lr)
+    opt = adamw(model, lr, 0.01)  # the optimizer and schedule bertkit's loop uses
     total = math.ceil(len(train_feats) / batch_size) * epochs
-    warmup = max(1, int(0.1 * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    sched = warmup_linear(opt, int(0.1 * total), total)
     best, t0 = -math.inf, time.perf_counter()
     best_metrics = None
     for epoch in range(1, epochs + 1):

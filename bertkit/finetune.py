@@ -21,6 +21,7 @@ from .checkpoint import load_model, save_model
 from .encode import folder_pooling
 from .errors import BertkitError
 from .model import init_weights
+from .optim import adamw, warmup_linear
 from .tasks import get_task
 from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
@@ -155,15 +156,9 @@ def finetune(cfg: FinetuneConfig) -> dict:
     eval_feats = task.features(eval_ex, tok, cfg.max_len)
     log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation")
 
-    decay = [p for p in model.parameters() if p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.ndim < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    steps_per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
-    total = steps_per_epoch * cfg.epochs
-    warmup = max(1, int(cfg.warmup * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / max(1, total - warmup))))
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
+    total = math.ceil(len(train_feats) / cfg.batch_size) * cfg.epochs
+    sched = warmup_linear(opt, int(cfg.warmup * total), total)
     out.mkdir(parents=True, exist_ok=True)
     metrics_log = MetricsLog(out)
     write_json(out / "finetune_config.json", dataclasses.asdict(cfg))

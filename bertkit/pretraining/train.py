@@ -24,6 +24,7 @@ from ..checkpoint import load_config, load_model, save_model
 from ..config import PRESETS, BertConfig
 from ..errors import BertkitError
 from ..model import BertForPreTraining, init_weights
+from ..optim import adamw, warmup_linear
 from ..tokenizer import WordPieceTokenizer
 from ..training_log import MetricsLog, plot_losses, write_json
 from .batches import Position, PretrainingBatches
@@ -160,15 +161,8 @@ def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTrai
 
 
 def _optimizer(model, cfg: PretrainConfig):
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 else decay).append(p)  # biases and LayerNorm weights are 1-D
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6)
-    warmup = max(1, int(cfg.warmup * cfg.steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (cfg.steps - s) / max(1, cfg.steps - warmup))))
-    return opt, sched
+    opt = adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
+    return opt, warmup_linear(opt, int(cfg.warmup * cfg.steps), cfg.steps)
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
