@@ -159,3 +159,41 @@ def test_qa_end_to_end(tmp_path, tiny_bert, capsys):
     assert pred["answer"] in context  # exact characters of the context
     from transformers import BertForQuestionAnswering
     assert BertForQuestionAnswering.from_pretrained(str(out)).qa_outputs.weight.shape == (2, 32)
+
+
+def test_bad_input_names_file_and_line(tmp_path, tiny_bert, capsys):
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\ngood film,fresh\nbad film,rotten\n" * 3)
+    out = tmp_path / "m"
+    _run(capsys, "finetune", "classify", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
+         "--out", str(out), "--epochs", "1")
+    unknown = tmp_path / "eval.csv"
+    unknown.write_text("text,label\nfine,fresh\nodd,meh\n")
+    assert main(["evaluate", "classify", "--model", str(out), "--data", str(unknown)]) == 2
+    err = capsys.readouterr().err
+    assert "eval.csv" in err and "label 'meh' is not one the model knows" in err
+    nolabel = tmp_path / "nolabel.csv"
+    nolabel.write_text("text,sentiment\nfine,fresh\n")
+    assert main(["evaluate", "classify", "--model", str(out), "--data", str(nolabel)]) == 2
+    assert "nolabel.csv" in capsys.readouterr().err
+    # a finished model is never overwritten
+    before = (out / "model.safetensors").read_bytes()
+    assert main(["finetune", "classify", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
+                 "--out", str(out)]) == 2
+    assert "already holds" in capsys.readouterr().err and (out / "model.safetensors").read_bytes() == before
+    # a model fine-tuned for one task is not evaluated as another
+    assert main(["evaluate", "ner", "--model", str(out), "--data", str(train)]) == 2
+    assert "fine-tuned for 'classify'" in capsys.readouterr().err
+    bad_conll = tmp_path / "bad.conll"
+    bad_conll.write_text("Peter B-person\nlonely\n")
+    assert main(["finetune", "ner", "--model", str(tiny_bert), "--train", str(bad_conll), "--eval", str(bad_conll),
+                 "--out", str(tmp_path / "n")]) == 2
+    assert "bad.conll" in capsys.readouterr().err
+
+
+def test_data_export_cli(tmp_path, capsys):
+    out = tmp_path / "squad"
+    _run(capsys, "data", "export", "squad-subset", "--out", str(out))
+    assert (out / "train.json").is_file() and (out / "eval.json").is_file()
+    assert main(["data", "export", "squad-subset", "--out", str(out)]) == 2
+    assert "train.json" in capsys.readouterr().err
