@@ -84,6 +84,8 @@ def cmd_pretrain(args) -> None:
     else:
         cfg = PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
     summary = pretrain(cfg)
+    if summary is None:  # another rank of a torchrun job: rank 0 reports
+        return
     out = Path(cfg.out)
     print(f"bertkit: pretrained {summary['steps']} steps; model in {out}, curves in {out / 'loss.png'}")
     train, ev = summary["final_train"], summary["final_eval"]

@@ -6,6 +6,7 @@ so a resumed run repeats an uninterrupted one step for step.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from tqdm import tqdm
 
 from ..checkpoint import load_config, load_model, save_model
@@ -167,19 +169,18 @@ def _optimizer(model, cfg: PretrainConfig):
 
 # ---- checkpoints ----------------------------------------------------------------------------
 def _save_checkpoint(out: Path, step: int, model, opt, sched, position: Position, cfg: PretrainConfig,
-                     elapsed: float) -> Path:
+                     elapsed: float, rng: list, cuda_rng: list, world: int) -> Path:
     root = out / "checkpoints"
     final = root / f"step_{step:07d}"
     tmp = root / f".step_{step:07d}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_model(model, tmp)
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-                "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []},
-               tmp / "trainer.pt")
+    # RNG states per rank: dropout continues exactly where it stopped
+    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": rng,
+                "cuda_rng": cuda_rng}, tmp / "trainer.pt")
     write_json(tmp / "trainer.json", {"step": step, "epoch": position.epoch, "batch": position.batch,
-                                      "elapsed_s": elapsed, "options": _options(cfg)})
+                                      "elapsed_s": elapsed, "world_size": world, "options": _options(cfg)})
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -243,12 +244,38 @@ def evaluate(model, batches: list[dict], device, autocast) -> dict:
             "eval_majority_token_acc": max(label_counts.values()) / mlm_n}
 
 
+# ---- several processes: torchrun + DistributedDataParallel ----------------------------------
+def _init_distributed() -> tuple[int, int]:
+    """(rank, world size): under torchrun (WORLD_SIZE set) join the process group, nccl on GPUs
+    and gloo on CPUs; a plain run is rank 0 of 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), world
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
 # ---- the loop -------------------------------------------------------------------------------
-def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
-    """Run (or resume) a pretraining run; returns the summary also written to OUT/summary.json.
-    on_step(step, model) is called after every optimizer step and its checkpoint."""
+def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
+    """Run (or resume) a pretraining run; returns the summary also written to OUT/summary.json
+    (None on the other ranks of a torchrun job: rank 0 writes every file).
+    on_step(step, model) is called after every optimizer step and its checkpoint.
+
+    Under torchrun each of the W processes takes 1/W of every batch (the same global batch a
+    single process would see) and DistributedDataParallel averages the gradients."""
+    rank, world = _init_distributed()
+    main = rank == 0
+    if cfg.batch_size % (world * cfg.grad_accum):
+        raise BertkitError(f"batch size {cfg.batch_size} is not divisible by {world} processes x "
+                           f"{cfg.grad_accum} accumulation steps")
     out = Path(cfg.out)
-    log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress else (lambda msg: None)
+    log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress and main else (lambda msg: None)
     ckpt = None
     if cfg.resume:
         ckpt = latest_checkpoint(out)
@@ -257,10 +284,16 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
     elif out.exists() and any((out / n).exists() for n in ("checkpoints", "metrics.jsonl", "model.safetensors")):
         raise BertkitError(f"{out} already holds a training run; pass --resume to continue it "
                            "or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
+    _barrier(world)  # every rank has checked --out before rank 0 writes into it
     data = out / "data"
-    tok = _prepare_tokenizer(cfg, data, log)
-    train_store, eval_store = _prepare_data(cfg, tok, data, log)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        tok = _prepare_tokenizer(cfg, data, log)
+        train_store, eval_store = _prepare_data(cfg, tok, data, log)
+    _barrier(world)  # the other ranks open what rank 0 prepared
+    if not main:
+        tok = WordPieceTokenizer.from_folder(data)
+        train_store, eval_store = _prepare_data(cfg, tok, data, log)
     if train_store.meta["documents"] < 2:
         raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents for training, "
                            f"found {train_store.meta['documents']} (separate documents with a blank line)")
@@ -275,8 +308,14 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
 
     torch.manual_seed(cfg.seed)  # initial weights, new heads and dropout
     model = _build_model(cfg, tok)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
     model.to(device)
+    if rank:
+        torch.manual_seed(cfg.seed + rank)  # other dropout masks on each rank
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     opt, sched = _optimizer(model, cfg)
     step, position, elapsed0 = 0, Position(), 0.0
@@ -287,41 +326,53 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
         trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
         opt.load_state_dict(trainer["optimizer"])
         sched.load_state_dict(trainer["scheduler"])
-        torch.set_rng_state(trainer["torch_rng"])
+        if state.get("world_size", 1) != world:
+            raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
+        torch.set_rng_state(trainer["torch_rng"][rank])
         if trainer["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(trainer["cuda_rng"])
+            torch.cuda.set_rng_state(trainer["cuda_rng"][rank], device)
         step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
         log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch})")
-    metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None)
-    write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
+    metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
+    if main:
+        write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
+    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
 
     model.train()
-    micro = cfg.batch_size // cfg.grad_accum
+    local = cfg.batch_size // world          # this rank's rows of every batch
+    micro = local // cfg.grad_accum
     data_iter = batches.iterate(position)
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, hit=0, n=0, nsp_hit=0, pairs=0, compute=0.0, steps=0)
     t_start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=step, disable=not cfg.progress, unit="step", dynamic_ncols=True)
+    bar = tqdm(total=cfg.steps, initial=step, disable=not (cfg.progress and main), unit="step", dynamic_ncols=True)
     last_eval = None
     while step < cfg.steps:
         position, batch = next(data_iter)
         t0 = time.perf_counter()
-        batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+        batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
+        stats = torch.zeros(6, dtype=torch.float64)  # loss, mlm, nsp, mlm hits, predictions, nsp hits
         for i in range(cfg.grad_accum):
             mb = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
-            with autocast:
-                o = model(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
-                          mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
-                          nsp_labels=mb["nsp_labels"], nsp_weight=cfg.nsp_weight)
-            (o.loss / cfg.grad_accum).backward()
+            # gradients are averaged across ranks once per step, on the last micro-batch
+            sync = net.no_sync() if world > 1 and i < cfg.grad_accum - 1 else contextlib.nullcontext()
+            with sync, autocast:
+                o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
+                        mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
+                        nsp_labels=mb["nsp_labels"], nsp_weight=cfg.nsp_weight)
+                (o.loss / cfg.grad_accum).backward()
             with torch.no_grad():
                 valid = mb["mlm_labels"] != -100
-                window["hit"] += (o.mlm_logits.argmax(-1) == mb["mlm_labels"])[valid].sum().item()
-                window["n"] += valid.sum().item()
-                window["nsp_hit"] += (o.nsp_logits.argmax(-1) == mb["nsp_labels"]).sum().item()
-            window["loss"] += o.loss.item() / cfg.grad_accum
-            window["mlm"] += o.mlm_loss.item() / cfg.grad_accum
-            window["nsp"] += o.nsp_loss.item() / cfg.grad_accum
-        if not math.isfinite(window["loss"]):
+                stats += torch.tensor([o.loss.item() / cfg.grad_accum, o.mlm_loss.item() / cfg.grad_accum,
+                                       o.nsp_loss.item() / cfg.grad_accum,
+                                       (o.mlm_logits.argmax(-1) == mb["mlm_labels"])[valid].sum().item(),
+                                       valid.sum().item(), (o.nsp_logits.argmax(-1) == mb["nsp_labels"]).sum().item()],
+                                      dtype=torch.float64)
+        if world > 1:
+            dist.all_reduce(stats)
+            stats[:3] /= world
+        for key, value in zip(("loss", "mlm", "nsp", "hit", "n", "nsp_hit"), stats.tolist()):
+            window[key] += value
+        if not math.isfinite(stats[0].item()):
             raise BertkitError(f"step {step + 1}: the loss is not finite; the last checkpoint under "
                                f"{out / 'checkpoints'} is intact: lower --lr and pass --resume")
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
@@ -333,7 +384,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
         window["pairs"] += cfg.batch_size
         window["steps"] += 1
         bar.update(1)
-        if step % cfg.log_every == 0 or step == cfg.steps:
+        if main and (step % cfg.log_every == 0 or step == cfg.steps):
             s = window["steps"]
             record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
                       "nsp_loss": window["nsp"] / s, "mlm_acc": window["hit"] / max(1, window["n"]),
@@ -345,15 +396,25 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict:
             bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", nsp=f"{record['nsp_loss']:.3f}",
                             pairs_s=f"{record['pairs_per_s']:.0f}")
             window = {k: 0 for k in window}
-        if eval_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
+        if main and eval_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
             last_eval = {"step": step, **evaluate(model, eval_batches, device, autocast)}
             metrics.write(last_eval)
         if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            _save_checkpoint(out, step, model, opt, sched, position, cfg,
-                             elapsed0 + time.perf_counter() - t_start)
+            rng = [torch.get_rng_state()] * world
+            cuda_rng = [torch.cuda.get_rng_state(device)] * world if device.type == "cuda" else []
+            if world > 1:  # every rank's RNG, for an exact resume
+                dist.all_gather_object(rng, torch.get_rng_state())
+                if cuda_rng:
+                    dist.all_gather_object(cuda_rng, torch.cuda.get_rng_state(device))
+            if main:
+                _save_checkpoint(out, step, model, opt, sched, position, cfg,
+                                 elapsed0 + time.perf_counter() - t_start, rng, cuda_rng, world)
+            _barrier(world)
         if on_step is not None:
             on_step(step, model)
     bar.close()
+    if not main:
+        return None
 
     info = {"task": "pretraining", "corpus": cfg.corpus, "steps": step, "max_len": cfg.max_len}
     save_model(model, out, tokenizer=tok, bertkit_info=info)
