@@ -52,7 +52,8 @@ def _cap(task, path: Path, cap: int, work: Path) -> Path:
     if cap <= 0 or task not in ("classify", "ner", "tag", "word", "summarize"):
         return path
     text = path.read_text()
-    units = [u for u in text.split("\n\n") if u.strip()] if path.suffix == ".conll" else text.splitlines()
+    # split on "\n" only: str.splitlines would also cut at separators inside JSON strings (U+2028 ...)
+    units = [u for u in text.split("\n\n" if path.suffix == ".conll" else "\n") if u.strip()]
     if len(units) <= cap:
         return path
     random.Random(0).shuffle(units)

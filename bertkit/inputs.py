@@ -29,6 +29,12 @@ def read_text(path: str | Path) -> str:
                            f"{e.start} (line {line}) is invalid") from None
 
 
+def lines(content: str) -> list[str]:
+    """Lines split at newlines only: str.splitlines would also split at U+2028 and other
+    separators that may sit unescaped inside a JSON string or a text."""
+    return [line.removesuffix("\r") for line in content.split("\n")]
+
+
 @dataclass
 class TextInputs:
     texts: list[str]
@@ -41,7 +47,7 @@ def read_text_inputs(path: str | Path) -> TextInputs:
     content = read_text(path)
     if path.suffix == ".jsonl":
         texts, pairs = [], []
-        for lineno, line in enumerate(content.splitlines(), 1):
+        for lineno, line in enumerate(lines(content), 1):
             if not line.strip():
                 continue
             try:
@@ -62,7 +68,7 @@ def read_text_inputs(path: str | Path) -> TextInputs:
                                f"(row {lineno} has none); give it on every row or on none")
         result = TextInputs(texts, pairs if any(given) else None)
     else:
-        result = TextInputs([line for line in content.splitlines() if line.strip()], None)
+        result = TextInputs([line for line in lines(content) if line.strip()], None)
     if not result.texts:
         raise BertkitError(f"{path}: no texts in this file")
     return result

@@ -135,3 +135,11 @@ def test_cli_tokenizer_train(tmp_path, capsys):
     assert main(["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "60", "--out", str(tmp_path / "v2")]) == 2
     assert "c.txt: not UTF-8 text: byte 0xff at byte offset 3 (line 2)" in capsys.readouterr().err
     assert not (tmp_path / "v2").exists()
+
+
+def test_jsonl_texts_may_hold_unicode_line_separators(tmp_path):
+    from bertkit.inputs import read_text_inputs
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"text": "first\u2028still first"}, ensure_ascii=False) + "\n" +
+                    json.dumps({"text": "second"}) + "\n", encoding="utf-8")
+    assert read_text_inputs(rows).texts == ["first\u2028still first", "second"]

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-from ..inputs import read_text
+from ..inputs import lines, read_text
 from .base import Task, bert_inputs, pad
 from .squad import QAExample, best_spans, make_windows, read_squad, squad_metrics
 
@@ -43,7 +43,7 @@ class QATask(Task):
         if path is None:
             raise BertkitError("qa predictions need --input FILE.jsonl with 'question' and 'context' per line")
         rows = []
-        for lineno, line in enumerate(read_text(path).splitlines(), 1):
+        for lineno, line in enumerate(lines(read_text(path)), 1):
             if not line.strip():
                 continue
             try:
