@@ -27,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .errors import BertkitError
-from .inputs import read_text
+from .inputs import jsonl_rows, read_lines, read_text
 
 SEED = 13  # every split below is a shuffle by random.Random(SEED): fixed, so results compare
 
@@ -395,7 +395,7 @@ def _aclsum() -> _Built:
     docs = {}
     for ours, theirs in ACLSUM_SPLITS.items():
         path = _package_file("aclsum", "0.1.2", f"dataset/{theirs}.jsonl")
-        docs[ours] = [_aclsum_document(path, lineno, row) for lineno, row in _jsonl_rows(path)]
+        docs[ours] = [_aclsum_document(path, lineno, row) for lineno, row in jsonl_rows(path)]
     counts = {**{name: len(rows) for name, rows in docs.items()},
               **{f"{name}_sentences": sum(len(d["sentences"]) for d in rows) for name, rows in docs.items()},
               **{f"{name}_selected": sum(sum(d["labels"]) for d in rows) for name, rows in docs.items()}}
@@ -660,28 +660,6 @@ def export(name: str, out: str | Path, overwrite: bool = False) -> dict:
 
 # --------------------------------------------------------------------------- readers
 
-def _read(path: Path) -> str:
-    return read_text(path).removeprefix("\ufeff")  # spreadsheet programs start UTF-8 files with a BOM
-
-
-def _lines(path: Path) -> list[str]:
-    # split("\n"), not splitlines(): JSON strings may hold U+2028 and friends unescaped
-    return [line.rstrip("\r") for line in _read(path).split("\n")]
-
-
-def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict]]:
-    for lineno, line in enumerate(_lines(path), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BertkitError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-        if not isinstance(row, dict):
-            raise BertkitError(f"{path}, line {lineno}: expected a JSON object, found {type(row).__name__}")
-        yield lineno, row
-
-
 def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ...] | None = None
                 ) -> Iterator[tuple[int, dict]]:
     """(line, row) of a CSV/TSV/JSONL file; rows of a table are dicts by header. A table whose
@@ -689,7 +667,7 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
     path = Path(path)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        for lineno, row in _jsonl_rows(path):
+        for lineno, row in jsonl_rows(path):
             missing = [c for c in required if c not in row]
             if missing:
                 raise BertkitError(f"{path}, line {lineno}: missing field {missing[0]!r} "
@@ -698,7 +676,7 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
         return
     if suffix not in (".csv", ".tsv"):
         raise BertkitError(f"{path}: expected a .csv, .tsv or .jsonl file")
-    reader = csv.reader(io.StringIO(_read(path), newline=""), delimiter="\t" if suffix == ".tsv" else ",")
+    reader = csv.reader(io.StringIO(read_text(path).removeprefix("\ufeff"), newline=""), delimiter="\t" if suffix == ".tsv" else ",")
     header, end = None, 0
     while True:
         start = end + 1
@@ -778,7 +756,7 @@ def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
     `-DOCSTART-` lines are document markers, not tokens."""
     path = Path(path)
     sentences, tokens, tags = [], [], []
-    for lineno, line in enumerate(_lines(path) + [""], 1):
+    for lineno, line in enumerate(read_lines(path) + [""], 1):
         fields = line.split()
         if not fields:
             if tokens:
@@ -838,7 +816,7 @@ def read_summarize(path: str | Path) -> list[dict]:
     if path.suffix.lower() != ".jsonl":
         raise BertkitError(f"{path}: expected a .jsonl file")
     docs = []
-    for lineno, row in _jsonl_rows(path):
+    for lineno, row in jsonl_rows(path):
         where = f"{path}, line {lineno}"
         if "sentences" in row:
             sentences, labels = row["sentences"], row.get("labels")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from .errors import BertkitError
 
@@ -35,6 +36,25 @@ def lines(content: str) -> list[str]:
     return [line.removesuffix("\r") for line in content.split("\n")]
 
 
+def read_lines(path: str | Path) -> list[str]:
+    # spreadsheet programs start UTF-8 files with a byte-order mark
+    return lines(read_text(path).removeprefix("\ufeff"))
+
+
+def jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file."""
+    for lineno, line in enumerate(read_lines(path), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise BertkitError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise BertkitError(f"{path}, line {lineno}: expected a JSON object, found {type(row).__name__}")
+        yield lineno, row
+
+
 @dataclass
 class TextInputs:
     texts: list[str]
@@ -44,17 +64,10 @@ class TextInputs:
 def read_text_inputs(path: str | Path) -> TextInputs:
     """Texts from a .txt file (one per line, blank lines skipped) or a .jsonl file."""
     path = Path(path)
-    content = read_text(path)
     if path.suffix == ".jsonl":
         texts, pairs = [], []
-        for lineno, line in enumerate(lines(content), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise BertkitError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("text"), str):
+        for lineno, row in jsonl_rows(path):
+            if not isinstance(row.get("text"), str):
                 raise BertkitError(f"{path}, line {lineno}: expected an object with a string field 'text'")
             pair = row.get("text_pair")
             if pair is not None and not isinstance(pair, str):
@@ -68,7 +81,7 @@ def read_text_inputs(path: str | Path) -> TextInputs:
                                f"(row {lineno} has none); give it on every row or on none")
         result = TextInputs(texts, pairs if any(given) else None)
     else:
-        result = TextInputs([line for line in lines(content) if line.strip()], None)
+        result = TextInputs([line for line in read_lines(path) if line.strip()], None)
     if not result.texts:
         raise BertkitError(f"{path}: no texts in this file")
     return result

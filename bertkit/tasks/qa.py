@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-from ..inputs import lines, read_text
+from ..inputs import jsonl_rows
 from .base import Task, bert_inputs, pad
 from .squad import QAExample, best_spans, make_windows, read_squad, squad_metrics
 
@@ -39,18 +39,11 @@ class QATask(Task):
         self.info.setdefault("version_2", any(ex.is_impossible for ex in train))
 
     def read_inputs(self, path=None, texts=None):
-        import json
         if path is None:
             raise BertkitError("qa predictions need --input FILE.jsonl with 'question' and 'context' per line")
         rows = []
-        for lineno, line in enumerate(lines(read_text(path)), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as e:
-                raise BertkitError(f"{path}, line {lineno}: not valid JSON ({e})") from None
-            if not isinstance(row, dict) or not all(isinstance(row.get(k), str) for k in ("question", "context")):
+        for lineno, row in jsonl_rows(path):
+            if not all(isinstance(row.get(k), str) for k in ("question", "context")):
                 raise BertkitError(f"{path}, line {lineno}: expected an object with string fields 'question' and 'context'")
             rows.append(QAExample(str(row.get("id", lineno)), row["question"], row["context"], [], False, ""))
         return rows
