@@ -87,12 +87,6 @@ def to_hf(state: dict[str, torch.Tensor], cfg: BertConfig, heads: bool) -> dict[
     return hf
 
 
-def from_hf(hf: dict[str, torch.Tensor], cfg: BertConfig, heads: bool) -> dict[str, torch.Tensor]:
-    """Our state dict from HF tensors; a KeyError names the first HF tensor that is missing."""
-    return {ours: torch.cat([hf[t] for t in theirs], dim=0) if len(theirs) > 1 else hf[theirs[0]]
-            for ours, theirs in name_map(cfg, heads).items()}
-
-
 # ---- loading --------------------------------------------------------------------------------
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     path = folder / WEIGHTS

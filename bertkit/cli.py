@@ -10,24 +10,6 @@ from pathlib import Path
 from .errors import BertkitError
 
 
-def _corpus_texts(path: Path):
-    """Lines of a .txt file, or of every .txt file under a folder (sorted, for reproducibility)."""
-    from .inputs import read_text
-
-    if path.is_dir():
-        files = sorted(path.rglob("*.txt"))
-        if not files:
-            raise BertkitError(f"{path}: folder holds no .txt files")
-    elif path.is_file():
-        files = [path]
-    else:
-        raise BertkitError(f"{path}: no such file or folder")
-    for f in files:
-        for line in read_text(f).splitlines():
-            if line.strip():
-                yield line
-
-
 def cmd_tokenizer_train(args) -> None:
     from .tokenizer import WordPieceTokenizer
 
@@ -36,14 +18,17 @@ def cmd_tokenizer_train(args) -> None:
     if existing and not args.overwrite:
         raise BertkitError(f"{out} already holds {', '.join(existing)}; choose another --out "
                            "or pass --overwrite")
-    texts = list(_corpus_texts(Path(args.corpus)))  # read fully first: a bad file fails before any write
+    from .pretraining.corpus import iter_documents
+
+    # read fully first: a bad file fails before anything is written
+    texts = [s for doc in iter_documents(args.corpus) for s in doc]
     if not texts:
         raise BertkitError(f"{args.corpus}: the corpus holds no text")
     tok = WordPieceTokenizer.train(texts, args.vocab_size, lowercase=not args.cased,
                                    min_frequency=args.min_frequency)
     out.mkdir(parents=True, exist_ok=True)
     tok.save(out)
-    print(f"bertkit: trained a WordPiece vocabulary of {tok.vocab_size} tokens on {len(texts)} lines; "
+    print(f"bertkit: trained a WordPiece vocabulary of {tok.vocab_size} tokens on {len(texts)} sentences; "
           f"wrote {out / 'vocab.txt'} and {out / 'tokenizer.json'}")
 
 
@@ -285,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tokenizer", help="WordPiece vocabularies")
     tsub = t.add_subparsers(dest="action", required=True)
-    tt = tsub.add_parser("train", help="train a WordPiece vocabulary on a text file or folder of .txt files")
+    tt = tsub.add_parser("train", help="train a WordPiece vocabulary on a .txt file, a folder of them, or 'wiki'")
     tt.add_argument("--corpus", required=True)
     tt.add_argument("--vocab-size", type=int, default=30522)
     tt.add_argument("--out", required=True)

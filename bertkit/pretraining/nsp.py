@@ -34,10 +34,6 @@ class Instances:
     def take(self, idx: np.ndarray) -> "Instances":
         return Instances(*(getattr(self, f)[idx] for f in self.__dataclass_fields__))
 
-    @staticmethod
-    def concat(parts: list["Instances"]) -> "Instances":
-        return Instances(*(np.concatenate([getattr(p, f) for p in parts]) for f in Instances.__dataclass_fields__))
-
 
 def make_instances(shard: Shard, max_len: int, rng: np.random.Generator,
                    short_seq_prob: float = 0.1) -> Instances:

@@ -31,10 +31,6 @@ class Shard:
     sentences: np.ndarray   # (n_sentences + 1,) token offsets
     documents: np.ndarray   # (n_documents + 1,) sentence offsets
 
-    @property
-    def n_documents(self) -> int:
-        return len(self.documents) - 1
-
 
 def vocab_fingerprint(tokenizer: WordPieceTokenizer) -> str:
     return hashlib.sha256(tokenizer.tok.to_str().encode()).hexdigest()[:16]
