@@ -44,6 +44,7 @@ class FinetuneConfig:
     weight_decay: float = 0.01
     clip: float = 1.0
     patience: int | None = None    # stop after this many epochs without a better eval metric
+    group_by_length: bool = True   # batch examples of similar length together: less padding
     log_every: int = 10
     seed: int = 0
     progress: bool = True
@@ -89,11 +90,27 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     return task, model, WordPieceTokenizer.from_folder(folder)
 
 
-def _batches(feats, task, tokenizer, batch_size, device, order=None):
-    idx = list(range(len(feats))) if order is None else order
-    for s in range(0, len(idx), batch_size):
-        chunk = [feats[i] for i in idx[s:s + batch_size]]
-        yield {k: v.to(device) for k, v in task.collate(chunk, tokenizer).items()}
+def _batches(feats, task, tokenizer, batch_size, device, groups=None):
+    groups = groups or [list(range(s, min(s + batch_size, len(feats)))) for s in range(0, len(feats), batch_size)]
+    for group in groups:
+        yield {k: v.to(device) for k, v in task.collate([feats[i] for i in group], tokenizer).items()}
+
+
+def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -> list[list[int]]:
+    """A shuffled epoch as batches of indices. By length: the shuffled examples are sorted by
+    length within windows of 50 batches, cut into batches, and the batches shuffled again, so
+    each batch pads little while the order stays random (as HF's group_by_length)."""
+    order = torch.randperm(len(feats), generator=g).tolist()
+    window = batch_size * 50 if by_length else len(order)
+    groups = []
+    for s in range(0, len(order), window):
+        part = order[s:s + window]
+        if by_length:
+            part.sort(key=lambda i: len(feats[i]["input_ids"]))
+        groups += [part[j:j + batch_size] for j in range(0, len(part), batch_size)]
+    if by_length:
+        groups = [groups[i] for i in torch.randperm(len(groups), generator=g).tolist()]
+    return groups
 
 
 @torch.no_grad()
@@ -171,8 +188,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
     for epoch in range(1, cfg.epochs + 1):
         model.train()
         g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        order = torch.randperm(len(train_feats), generator=g).tolist()
-        for batch in _batches(train_feats, task, tok, cfg.batch_size, device, order):
+        groups = _epoch_groups(train_feats, cfg.batch_size, cfg.group_by_length, g)
+        for batch in _batches(train_feats, task, tok, cfg.batch_size, device, groups):
             t0 = time.perf_counter()
             with autocast:
                 loss, _ = task.forward(model, batch)

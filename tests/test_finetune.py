@@ -197,3 +197,17 @@ def test_data_export_cli(tmp_path, capsys):
     assert (out / "train.json").is_file() and (out / "eval.json").is_file()
     assert main(["data", "export", "squad-subset", "--out", str(out)]) == 2
     assert "train.json" in capsys.readouterr().err
+
+
+def test_length_grouped_batches_cover_every_example_once_with_less_padding():
+    from bertkit.finetune import _epoch_groups
+    g = torch.Generator().manual_seed(0)
+    lengths = torch.randint(5, 120, (3000,), generator=g).tolist()
+    feats = [{"input_ids": [0] * n} for n in lengths]
+    padded = {}
+    for by_length in (False, True):
+        groups = _epoch_groups(feats, 32, by_length, torch.Generator().manual_seed(1))
+        flat = [i for grp in groups for i in grp]
+        assert sorted(flat) == list(range(3000)) and all(len(grp) <= 32 for grp in groups)
+        padded[by_length] = sum(len(grp) * max(lengths[i] for i in grp) for grp in groups)
+    assert padded[True] < 0.7 * padded[False]
