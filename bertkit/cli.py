@@ -64,6 +64,11 @@ def cmd_pretrain(args) -> None:
     for flag in ("resume", "whole_word", "tensorboard", "doc_per_file"):
         if getattr(args, flag):
             overrides[flag] = True
+    saved = Path(args.out or "") / "pretrain_config.json"
+    if args.resume and args.out and saved.is_file():
+        # a resumed run keeps the options it was started with; flags given now override them
+        base = json.loads(saved.read_text())
+        overrides = {**{k: v for k, v in base.items() if k != "progress"}, **{k: v for k, v in overrides.items() if v is not None}}
     if args.config:
         cfg = PretrainConfig.from_toml(args.config, **overrides)
     else:
