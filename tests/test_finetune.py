@@ -211,3 +211,14 @@ def test_length_grouped_batches_cover_every_example_once_with_less_padding():
         assert sorted(flat) == list(range(3000)) and all(len(grp) <= 32 for grp in groups)
         padded[by_length] = sum(len(grp) * max(lengths[i] for i in grp) for grp in groups)
     assert padded[True] < 0.7 * padded[False]
+
+
+def test_classification_metrics_on_a_hand_checked_case():
+    import numpy as np
+    from bertkit.tasks.classify import classification_metrics
+    # gold a a b b c ; predicted a b b b a
+    m = classification_metrics(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 1, 0]), ["a", "b", "c"])
+    assert m["accuracy"] == pytest.approx(3 / 5)
+    # a: P 1/2 R 1/2 F 1/2; b: P 2/3 R 1 F 4/5; c: F 0 -> macro (0.5 + 0.8 + 0) / 3
+    assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
+    assert m["confusion_matrix"]["rows_gold_cols_predicted"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
