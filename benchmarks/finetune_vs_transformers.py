@@ -165,7 +165,7 @@ def main():
     existing = json.loads((out / "finetune.json").read_text()) if (out / "finetune.json").exists() else {}
     existing.update(rows)
     (out / "finetune.json").write_text(json.dumps(existing, indent=2) + "\n")
-    print(f"\n| task | data (train / eval) | metric | bertkit | transformers | bertkit time | transformers time |")
+    print("\n| task | data (train / eval) | metric | bertkit | transformers | bertkit time | transformers time |")
     print("|---|---|---|---|---|---|---|")
     for name, r in existing.items():
         m = r["metric"]

@@ -79,7 +79,7 @@ def main():
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
-    from transformers import BertConfig as HFConfig, BertForPreTraining as HFPreTraining
+    from transformers import BertForPreTraining as HFPreTraining
 
     work = Path(tempfile.mkdtemp(prefix="bertkit-bench-"))
     print("preparing the wiki corpus ...", flush=True)

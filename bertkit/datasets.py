@@ -308,7 +308,7 @@ def _wnut16() -> _Built:
         "2016). Noisy, hard data: published systems score about 0.45-0.55 entity F1 on WNUT-16.",
         "",
         "## Processing",
-        f"- The source separates sentences with a line holding a single tab; those became blank lines.",
+        "- The source separates sentences with a line holding a single tab; those became blank lines.",
         f"- {len(sentences):,} sentences (tweets), {n_tokens:,} tokens, {counts['entities']:,} entities; nothing dropped.",
         "",
         "## Split",
@@ -357,7 +357,7 @@ def _squad() -> _Built:
         "benchmark, with up to three human answers each.",
         "",
         "## Split",
-        f"By article, never by question, so no context is seen on both sides: a seeded shuffle",
+        "By article, never by question, so no context is seen on both sides: a seeded shuffle",
         f"(random.Random({SEED})) of the {len(articles)} article titles; eval takes articles from the front of that order",
         f"until it holds about {round(100 * SQUAD_SPLIT['eval'])}% of the {total} questions, train the rest.",
         "Small: compare systems trained the same way; these are not leaderboard numbers.",
@@ -569,7 +569,7 @@ def _wordnet_attributes() -> _Built:
         "|---|---|---|",
         *(f"| {name}.jsonl | {len(fold):,} | {counts[name + '_attributes']} |" for name, fold in folds.items()),
     ]
-    return _Built(files, counts, [], f"WordNet 3.0 (Debian wordnet-base), files data.adj and data.noun", notes)
+    return _Built(files, counts, [], "WordNet 3.0 (Debian wordnet-base), files data.adj and data.noun", notes)
 
 
 # --------------------------------------------------------------------------- registry and export

@@ -199,9 +199,10 @@ def finetune(cfg: FinetuneConfig) -> dict:
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            if not math.isfinite(loss.item()):
+            loss = loss.item()
+            if not math.isfinite(loss):
                 raise BertkitError(f"step {step}: the loss is not finite; lower --lr")
-            window["loss"] += loss.item()
+            window["loss"] += loss
             window["n"] += 1
             window["examples"] += len(batch["input_ids"])
             window["compute"] += time.perf_counter() - t0

@@ -2,7 +2,7 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from bertkit import BertForPreTraining, BertkitError, BertModel, load_model, save_model
 from bertkit.checkpoint import name_map

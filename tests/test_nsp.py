@@ -7,7 +7,7 @@ from bertkit.pretraining.batches import Position, PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.nsp import make_instances
-from bertkit.pretraining.shards import TokenStore, tokenize_corpus
+from bertkit.pretraining.shards import tokenize_corpus
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,6 @@ def test_batches_have_bert_layout_and_a_reproducible_order(stores):
         assert np.array_equal(b[k].numpy(), batches[3][1][k].numpy()), k
     # a new epoch has new masks and a new order
     n = sum(1 for _ in pb._epoch_batches(0))
-    (p0, b0), (p1, b1) = next(pb.iterate(Position(0, 0))), next(pb.iterate(Position(1, 0)))
+    (_, b0), (p1, b1) = next(pb.iterate(Position(0, 0))), next(pb.iterate(Position(1, 0)))
     assert p1.epoch == 1 and not np.array_equal(b0["input_ids"].numpy()[:, :10], b1["input_ids"].numpy()[:, :10])
     assert n > 5

@@ -350,7 +350,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         position, batch = next(data_iter)
         t0 = time.perf_counter()
         batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
-        stats = torch.zeros(6, dtype=torch.float64)  # loss, mlm, nsp, mlm hits, predictions, nsp hits
+        # loss, mlm, nsp, mlm hits, predictions, nsp hits: kept on the device (nccl reduces there),
+        # read back once per step
+        stats = torch.zeros(6, dtype=torch.float64, device=device)
         for i in range(cfg.grad_accum):
             mb = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
             # gradients are averaged across ranks once per step, on the last micro-batch
@@ -362,17 +364,18 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 (o.loss / cfg.grad_accum).backward()
             with torch.no_grad():
                 valid = mb["mlm_labels"] != -100
-                stats += torch.tensor([o.loss.item() / cfg.grad_accum, o.mlm_loss.item() / cfg.grad_accum,
-                                       o.nsp_loss.item() / cfg.grad_accum,
-                                       (o.mlm_logits.argmax(-1) == mb["mlm_labels"])[valid].sum().item(),
-                                       valid.sum().item(), (o.nsp_logits.argmax(-1) == mb["nsp_labels"]).sum().item()],
-                                      dtype=torch.float64)
+                stats += torch.stack([
+                    o.loss.double() / cfg.grad_accum, o.mlm_loss.double() / cfg.grad_accum,
+                    o.nsp_loss.double() / cfg.grad_accum,
+                    ((o.mlm_logits.argmax(-1) == mb["mlm_labels"]) & valid).sum().double(),
+                    valid.sum().double(), (o.nsp_logits.argmax(-1) == mb["nsp_labels"]).sum().double()])
         if world > 1:
             dist.all_reduce(stats)
             stats[:3] /= world
-        for key, value in zip(("loss", "mlm", "nsp", "hit", "n", "nsp_hit"), stats.tolist()):
+        stats = stats.tolist()
+        for key, value in zip(("loss", "mlm", "nsp", "hit", "n", "nsp_hit"), stats):
             window[key] += value
-        if not math.isfinite(stats[0].item()):
+        if not math.isfinite(stats[0]):
             raise BertkitError(f"step {step + 1}: the loss is not finite; the last checkpoint under "
                                f"{out / 'checkpoints'} is intact: lower --lr and pass --resume")
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)

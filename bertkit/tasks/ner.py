@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import sys
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-from ..inputs import read_text
 from .base import Task, bert_inputs, pad
 from .crf import CRF, bio_constraints
 

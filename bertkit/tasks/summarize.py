@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import sys
 
-import torch
 import torch.nn.functional as F
 from torch import nn
 

@@ -22,7 +22,8 @@ class WordHead(nn.Module):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.decoder = word_embeddings.weight if tied else nn.Parameter(torch.empty(cfg.vocab_size, cfg.hidden_size))
+        self.decoder = word_embeddings.weight if tied else nn.Parameter(
+            torch.randn(cfg.vocab_size, cfg.hidden_size) * cfg.initializer_range)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
     def forward(self, cls):                                   # cls: (B, H)
