@@ -110,6 +110,40 @@ def test_label_alignment_on_words_split_into_pieces(minilm_folder):
     assert all(not pieces[s].startswith("##") for s in f["word_starts"])
 
 
+@pytest.mark.parametrize("task_name", ["ner", "tag"])
+@pytest.mark.parametrize("invisible", ["\u200b", "\u00ad", "\ufe0f"])
+def test_zero_piece_words_do_not_shift_labels(minilm_folder, capsys, task_name, invisible):
+    # a word the normaliser drops entirely has no first piece: labels and predictions must stay
+    # keyed by word id, not by the k-th first piece
+    from bertkit.finetune import run_task
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    task = get_task(task_name)()
+    examples = [{"words": ["the", invisible, "cat"], "tags": ["O", "O", "B-animal"]},
+                {"words": [invisible], "tags": ["O"]}]
+    task.fit(examples, {})
+    labels = task.info["labels"]
+    feats = task.features(examples, tok, 32)
+    assert "2 word(s) tokenize to no word piece" in capsys.readouterr().err  # counted, like truncation
+    f = feats[0]
+    pieces = [tok.id_to_token(i) for i in f["input_ids"]]
+    assert [(p, labels[lab]) for p, lab in zip(pieces, f["labels"]) if lab != -100] == [("the", "O"), ("cat", "B-animal")]
+    assert [labels[lab] for lab in f["word_labels"]] == ["O", "B-animal"] and f["word_ids"] == [0, 2]
+    # decoding places the k-th first-piece prediction on its word; the dropped word is "O"
+    b = labels.index("B-animal")
+    assert task.decode([[[b, b], []]], feats, examples) == [["B-animal", "O", "B-animal"], ["O"]]
+    # and a whole model run gives one prediction per input word, for both heads
+    cfg = hf_tester_config(vocab_size=30522, max_position_embeddings=64)
+    torch.manual_seed(0)
+    bert = BertModel(cfg)
+    model = TaskModel(bert, task.head(cfg, bert))
+    init_weights(model, cfg)
+    preds, loss = run_task(task, model, feats, examples, tok)
+    assert [len(p) for p in preds] == [3, 1] and preds[0][1] == "O" and preds[1] == ["O"]
+    assert loss is not None and loss == loss  # finite: the all-dropped sentence is skipped, not NaN
+
+
 def test_word_task_end_to_end(tmp_path, tiny_bert, capsys):
     rows = [{"text": "large", "word": "size"}, {"text": "heavy", "word": "weight"},
             {"text": "very tall", "word": "height"}, {"text": "wide", "word": "width"}] * 3
@@ -140,8 +174,8 @@ def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):
 
 
 def test_qa_end_to_end(tmp_path, tiny_bert, capsys):
-    from bertkit.datasets import shared_dir
-    squad = json.loads((shared_dir() / "data" / "squad-expmrc" / "squad-v1.1-subset.json").read_text())
+    from bertkit.datasets import squad_subset_file
+    squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
     article = squad["data"][0]
     article["paragraphs"] = article["paragraphs"][:2]
     small = tmp_path / "small.json"

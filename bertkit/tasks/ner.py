@@ -2,8 +2,12 @@
 linear-chain CRF on top (`tag`).
 
 Words are split into pieces; a word's label sits on its first piece and the other pieces are
-ignored in the loss. Predictions are read at first pieces and mapped back to words. Words cut off
-by the length limit are predicted "O" and counted.
+ignored in the loss. Predictions are read at first pieces and mapped back to words by word id
+(`Encoding.word_ids`), so there is always exactly one prediction per input word. Words the model
+never sees are predicted "O" and counted on stderr: words cut off by the length limit, and words
+that tokenize to no piece at all (a zero-width space "\u200b", a soft hyphen "\u00ad", a
+variation selector "\ufe0f": the normaliser drops them). Keying by word id keeps such a word
+from shifting every later label onto the next word.
 """
 from __future__ import annotations
 
@@ -68,24 +72,37 @@ class NerTask(Task):
         tok.enable_truncation(max_len)
         encs = tok.encode_batch([ex["words"] for ex in examples], is_pretokenized=True)
         index = {t: i for i, t in enumerate(self.info["labels"])}
-        feats, cut = [], 0
+        feats, cut, empty = [], 0, 0
         for ex, e in zip(examples, encs):
-            starts, seen = [], set()
+            # first piece of each word that has pieces: positions and the word ids they belong to
+            starts, start_words, seen = [], [], set()
             for pos, w in enumerate(e.word_ids):
                 if w is not None and w not in seen:
                     seen.add(w)
                     starts.append(pos)
-            cut += len(ex["words"]) > len(starts)
+                    start_words.append(w)
+            last = max(start_words, default=-1)
+            missing = [w for w in range(len(ex["words"])) if w not in seen]
+            # a missing word after the last one seen in a truncated sentence was cut off;
+            # any other missing word tokenized to nothing
+            cut_here = sum(1 for w in missing if e.overflowing and w > last)
+            cut += cut_here > 0
+            empty += len(missing) - cut_here
             labels = [-100] * len(e.ids)
-            word_labels = [index[t] for t in ex["tags"][:len(starts)]] if ex["tags"] else [0] * len(starts)
+            # by word id, never by rank: a zero-piece word must not shift later labels
+            word_labels = [index[ex["tags"][w]] for w in start_words] if ex["tags"] else [0] * len(starts)
             for pos, lab in zip(starts, word_labels):
                 labels[pos] = lab
             feats.append({"input_ids": e.ids, "token_type_ids": [0] * len(e.ids), "attention_mask": [1] * len(e.ids),
                           "labels": labels if ex["tags"] else [-100] * len(e.ids), "word_starts": starts,
-                          "word_labels": word_labels, "word_mask": [1] * len(starts), "n_words": len(ex["words"])})
+                          "word_ids": start_words, "word_labels": word_labels, "word_mask": [1] * len(starts),
+                          "n_words": len(ex["words"])})
         if cut:
             print(f"bertkit: {cut} sentence(s) longer than {max_len} pieces: their last words are predicted 'O'",
                   file=sys.stderr)
+        if empty:
+            print(f"bertkit: {empty} word(s) tokenize to no word piece (e.g. a zero-width space): "
+                  f"they are predicted 'O'", file=sys.stderr)
         return feats
 
     def collate(self, feats, tokenizer):
@@ -106,8 +123,16 @@ class NerTask(Task):
             starts = batch["word_starts"]                                       # (B, W)
             emissions = logits.gather(1, starts[..., None].expand(-1, -1, logits.size(-1)))  # (B, W, L)
             mask = batch["word_mask"].bool()
-            loss = model.head.crf(emissions, batch["word_labels"], mask) if has_targets else None
-            return loss, model.head.crf.decode(emissions, mask)
+            # a sentence whose words all tokenize to nothing has no word for the CRF to run over
+            rows = mask[:, 0].nonzero().flatten().tolist() if mask.size(1) else []
+            paths = [[] for _ in range(len(mask))]
+            loss = None
+            if rows:
+                emissions, mask, word_labels = emissions[rows], mask[rows], batch["word_labels"][rows]
+                loss = model.head.crf(emissions, word_labels, mask) if has_targets else None
+                for r, path in zip(rows, model.head.crf.decode(emissions, mask)):
+                    paths[r] = path
+            return loss, paths
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100) if has_targets else None
         words = logits.argmax(-1).gather(1, batch["word_starts"])               # (B, W)
         return loss, [row[:int(n)] for row, n in zip(words.tolist(), batch["word_mask"].sum(1).tolist())]
@@ -115,7 +140,14 @@ class NerTask(Task):
     def decode(self, outputs, feats, examples):
         rows = [r for out in outputs for r in out]
         labels = self.info["labels"]
-        return [[labels[i] for i in row] + ["O"] * (f["n_words"] - len(row)) for row, f in zip(rows, feats)]
+        preds = []
+        for row, f in zip(rows, feats):
+            # row[k] belongs to the k-th word with pieces: place it by word id, "O" elsewhere
+            tags = ["O"] * f["n_words"]
+            for w, i in zip(f["word_ids"], row):
+                tags[w] = labels[i]
+            preds.append(tags)
+        return preds
 
     def metrics(self, predictions, examples):
         from seqeval.metrics import f1_score, precision_score, recall_score
