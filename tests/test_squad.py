@@ -1,19 +1,17 @@
 """Extractive QA without a model: SQuAD reading, windows, span search against brute force, metrics."""
 import json
-import os
 import random
-from pathlib import Path
 
 import pytest
 import torch
 from tokenizers import Tokenizer
 
 from bertkit import BertkitError, WordPieceTokenizer
+from bertkit.datasets import squad_subset_file
 from bertkit.tasks.squad import (QAExample, best_spans, exact_match, f1, make_windows, normalize_answer,
                                  predictions, read_squad, split_by_article, squad_metrics)
 
-SHARED = Path(os.environ.get("BERTKIT_SHARED") or Path(__file__).resolve().parents[2] / "shared")
-SQUAD = SHARED / "data" / "squad-expmrc" / "squad-v1.1-subset.json"
+SQUAD = squad_subset_file()  # ships inside the bertkit package
 
 
 @pytest.fixture(scope="module")
