@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -54,6 +55,35 @@ def _set_post_processor(tok: Tokenizer) -> None:
         special_tokens=[(CLS, cls_id), (SEP, sep_id)])
 
 
+def _normalizer_lowercase(tok: Tokenizer) -> bool | None:
+    """Whether a tokenizer.json's normaliser lowercases; None when it does not say."""
+    def walk(n):
+        if not isinstance(n, dict):
+            return None
+        if n.get("type") == "BertNormalizer":
+            return bool(n.get("lowercase", True))
+        if n.get("type") == "Lowercase":
+            return True
+        if n.get("type") == "Sequence":
+            found = [walk(m) for m in n.get("normalizers", [])]
+            return True if True in found else (False if found else None)
+        return None
+    return walk(json.loads(tok.to_str()).get("normalizer"))
+
+
+def _vocab_casing(vocab: dict[str, int] | Iterable[str], source: Path) -> bool:
+    """Lowercase unless the vocabulary is cased: more than 1% of its word tokens (not ##pieces,
+    not [specials]) start with a capital. Only a guess, so it is said on stderr."""
+    words = [t for t in vocab if t and not t.startswith("##") and not (t.startswith("[") and t.endswith("]"))]
+    capitals = sum(1 for t in words if t[0].isupper())
+    cased = capitals > 0.01 * len(words)
+    what = ("has capitals, so treating it as cased" if cased
+            else "has no capitalised words, so treating it as uncased (lowercasing)")
+    print(f"bertkit: {source.parent}: no tokenizer_config.json do_lower_case; {source.name} {what}",
+          file=sys.stderr)
+    return not cased
+
+
 class WordPieceTokenizer:
     def __init__(self, tok: Tokenizer, lowercase: bool = True, source: str = "tokenizer"):
         missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
@@ -70,7 +100,8 @@ class WordPieceTokenizer:
 
     # ---- construction ----
     @classmethod
-    def from_vocab(cls, path: str | Path, lowercase: bool = True) -> "WordPieceTokenizer":
+    def from_vocab(cls, path: str | Path, lowercase: bool | None = None) -> "WordPieceTokenizer":
+        """A tokenizer from a vocab.txt; lowercase=None decides casing from the vocabulary (said on stderr)."""
         path = Path(path)
         vocab: dict[str, int] = {}
         try:
@@ -88,27 +119,40 @@ class WordPieceTokenizer:
             vocab[token] = lineno - 1
         if not vocab:
             raise BertkitError(f"{path}: empty vocabulary")
+        if lowercase is None:
+            lowercase = _vocab_casing(vocab, path)
         tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)),
                              lowercase)
+        # registered as special (added) tokens, "[MASK]" in a text stays one token instead of being
+        # split by punctuation into "[", "mask", "]" (three [UNK]s); their ids stay the vocabulary's
+        tok.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
         if tok.token_to_id(CLS) is not None and tok.token_to_id(SEP) is not None:
             _set_post_processor(tok)
         return cls(tok, lowercase, source=str(path))
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "WordPieceTokenizer":
+        """The folder's tokenizer.json, else its vocab.txt. Casing comes from the folder's own files, in
+        order: tokenizer_config.json do_lower_case; the normaliser in tokenizer.json; the vocabulary."""
         folder = Path(folder)
-        lowercase = True
+        lowercase = None
         config = folder / "tokenizer_config.json"
         if config.is_file():
             try:
-                lowercase = bool(json.loads(config.read_text(encoding="utf-8")).get("do_lower_case", True))
+                settings = json.loads(config.read_text(encoding="utf-8"))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise BertkitError(f"{config}: not valid JSON ({e})") from None
+            if isinstance(settings, dict) and settings.get("do_lower_case") is not None:
+                lowercase = bool(settings["do_lower_case"])
         if (folder / "tokenizer.json").is_file():
             try:
                 tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             except Exception as e:  # the Rust side raises a bare Exception
                 raise BertkitError(f"{folder / 'tokenizer.json'}: cannot read tokenizer ({e})") from None
+            if lowercase is None:
+                lowercase = _normalizer_lowercase(tok)
+            if lowercase is None:
+                lowercase = _vocab_casing(tok.get_vocab(), folder / "tokenizer.json")
             return cls(tok, lowercase, source=str(folder / "tokenizer.json"))
         if (folder / "vocab.txt").is_file():
             return cls.from_vocab(folder / "vocab.txt", lowercase)

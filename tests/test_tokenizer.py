@@ -107,3 +107,59 @@ def test_train_save_and_reload(tmp_path):
     assert from_vocab.encode(["sentence embeddings"]).input_ids.tolist() == tok.encode(["sentence embeddings"]).input_ids.tolist()
     with pytest.raises(BertkitError, match="training text is empty"):
         WordPieceTokenizer.train([], vocab_size=100)
+
+
+def test_vocab_txt_only_folder_keeps_special_tokens_whole(tmp_path, minilm_folder, minilm_tok):
+    # without registered special tokens "[MASK]" was split by punctuation into [UNK] [UNK] [UNK]
+    (tmp_path / "vocab.txt").write_bytes((minilm_folder / "vocab.txt").read_bytes())
+    from_vocab = WordPieceTokenizer.from_folder(tmp_path)
+    assert from_vocab.tokenize("the [MASK] sat") == ["the", "[MASK]", "sat"]
+    texts = ["the [MASK] sat", "[CLS] a [SEP] b [PAD] c[MASK]d [UNK]"]
+    assert from_vocab.encode(texts).input_ids.tolist() == minilm_tok.encode(texts).input_ids.tolist()
+
+
+def test_cli_fill_mask_on_a_folder_without_tokenizer_json(tmp_path, minilm_folder, capsys):
+    import json
+    import shutil
+
+    from bertkit.cli import main
+    for name in ("vocab.txt", "config.json", "model.safetensors"):
+        shutil.copy(minilm_folder / name, tmp_path / name)
+    assert main(["fill-mask", "--model", str(tmp_path), "--top-k", "3", "the cat [MASK] on the mat."]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(out) == 1 and len(out[0]["predictions"]) == 1 and len(out[0]["predictions"][0]) == 3
+
+
+def _small_vocab(tmp_path, words):
+    from bertkit.tokenizer import SPECIAL_TOKENS
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "vocab.txt").write_text("".join(t + "\n" for t in SPECIAL_TOKENS + words))
+    return tmp_path
+
+
+def test_casing_is_read_from_the_folder_and_said_when_guessed(tmp_path, minilm_folder, capsys):
+    words = ["Paris", "London", "Berlin", "paris", "the", "is", "a", "city", "##s", ".", "The"]
+    cased = WordPieceTokenizer.from_folder(_small_vocab(tmp_path / "cased", words))
+    assert not cased.lowercase and cased.tokenize("The Paris") == ["The", "Paris"]
+    assert "vocab.txt has capitals, so treating it as cased" in capsys.readouterr().err
+    uncased = WordPieceTokenizer.from_folder(_small_vocab(tmp_path / "uncased", list(dict.fromkeys(w.lower() for w in words))))
+    assert uncased.lowercase and uncased.tokenize("The Paris") == ["the", "paris"]
+    assert "treating it as uncased" in capsys.readouterr().err
+    # MiniLM's own vocabulary, alone, is recognised as uncased
+    (tmp_path / "minilm").mkdir()
+    (tmp_path / "minilm" / "vocab.txt").write_bytes((minilm_folder / "vocab.txt").read_bytes())
+    assert WordPieceTokenizer.from_folder(tmp_path / "minilm").tokenize("Paris") == ["paris"]
+    assert "treating it as uncased" in capsys.readouterr().err
+    # tokenizer_config.json decides over the vocabulary, silently
+    (tmp_path / "cased" / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    assert WordPieceTokenizer.from_folder(tmp_path / "cased").tokenize("The Paris") == ["the", "paris"]
+    assert "treating" not in capsys.readouterr().err
+    # then the normaliser of a tokenizer.json
+    (tmp_path / "cased" / "tokenizer_config.json").unlink()
+    (tmp_path / "json").mkdir()
+    cased.save(tmp_path / "json")
+    (tmp_path / "json" / "tokenizer_config.json").unlink()
+    (tmp_path / "json" / "vocab.txt").unlink()
+    again = WordPieceTokenizer.from_folder(tmp_path / "json")
+    assert not again.lowercase and again.tokenize("The Paris") == ["The", "Paris"]
+    assert "treating" not in capsys.readouterr().err
