@@ -1,10 +1,13 @@
 """Contextual vectors: sentence vectors and per-token vectors for texts and text pairs.
 
 Texts are sorted by length and batched so that padding is minimal; results come back in
-input order.
+input order. The model runs in fp32 unless bf16 is asked for: bf16 autocast is faster on a GPU
+but moves vectors off their fp32 values, which users comparing or storing vectors do not expect.
+On a CPU a bf16 request runs too (CPU autocast), usually slower and never needed.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,16 @@ from .model import BertModel
 from .tokenizer import Batch, WordPieceTokenizer
 
 POOLINGS = ("cls", "mean", "pooler")
+PRECISIONS = ("fp32", "bf16")
+
+
+def precision_context(device: torch.device, precision: str = "fp32"):
+    """Inference precision: fp32 runs as is; bf16 autocasts on the model's device (CUDA or CPU)."""
+    if precision not in PRECISIONS:
+        raise BertkitError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def folder_pooling(folder: str | Path) -> str | None:
@@ -75,16 +88,18 @@ class TokenVectors:
 
 class Encoder:
     def __init__(self, model: BertModel, tokenizer: WordPieceTokenizer, pooling: str = "cls",
-                 device: str | torch.device | None = None):
+                 device: str | torch.device | None = None, precision: str = "fp32"):
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        precision_context(self.device, precision)  # fails now on an unknown name, not at the first batch
+        self.precision = precision
         self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.default_pooling = pooling
 
     @classmethod
-    def from_folder(cls, folder: str | Path, device=None) -> "Encoder":
+    def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32") -> "Encoder":
         model, _ = load_model(folder, heads=False)
-        return cls(model, WordPieceTokenizer.from_folder(folder), folder_pooling(folder) or "cls", device)
+        return cls(model, WordPieceTokenizer.from_folder(folder), folder_pooling(folder) or "cls", device, precision)
 
     @property
     def hidden_size(self) -> int:
@@ -101,8 +116,7 @@ class Encoder:
             raise BertkitError(f"max length {max_len} exceeds the model's {limit} positions")
         encs = self.tokenizer.encode_unpadded(texts, pairs, max_len, truncation)
         order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
-        autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
-        with torch.inference_mode(), autocast:
+        with torch.inference_mode(), precision_context(self.device, self.precision):
             for s in range(0, len(order), batch_size):
                 idx = order[s:s + batch_size]
                 batch = self.tokenizer.pad([encs[i] for i in idx])

@@ -18,7 +18,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import load_model, save_model
-from .encode import folder_pooling
+from .encode import folder_pooling, precision_context
 from .errors import BertkitError
 from .model import init_weights
 from .optim import adamw, warmup_linear
@@ -114,12 +114,14 @@ def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -
 
 
 @torch.no_grad()
-def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64):
-    """Predictions (and the mean loss when the features carry targets) over all features."""
+def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64,
+             precision: str = "fp32"):
+    """Predictions (and the mean loss when the features carry targets) over all features.
+    fp32 by default, also on a GPU: bf16 moves scores and can flip close predictions."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = precision_context(device, precision)
     outputs, losses = [], []
     for batch in _batches(feats, task, tokenizer, batch_size, device):
         with autocast:
@@ -131,12 +133,13 @@ def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, to
     return task.decode(outputs, feats, examples), (sum(losses) / len(losses) if losses else None)
 
 
-def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None) -> dict:
+def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None,
+                    precision: str = "fp32") -> dict:
     task, model, tok = load_task_model(folder, task_name)
     examples = task.read(data_path)
     task.check(examples, str(data_path))
     feats = task.features(examples, tok, max_len or task.info.get("max_len", 128))
-    preds, loss = run_task(task, model, feats, examples, tok, batch_size)
+    preds, loss = run_task(task, model, feats, examples, tok, batch_size, precision)
     metrics = task.metrics(preds, examples)
     if loss is not None:
         metrics["loss"] = loss
@@ -214,6 +217,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
                 metrics_log.write(rec)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}")
                 window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
+        # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
         preds, eval_loss = run_task(task, model, eval_feats, eval_ex, tok, cfg.eval_batch_size)
         scores = task.metrics(preds, eval_ex)
         rec = {"step": step, "epoch": epoch, "eval_loss": eval_loss,

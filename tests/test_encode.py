@@ -143,3 +143,74 @@ def test_jsonl_texts_may_hold_unicode_line_separators(tmp_path):
     rows.write_text(json.dumps({"text": "first\u2028still first"}, ensure_ascii=False) + "\n" +
                     json.dumps({"text": "second"}) + "\n", encoding="utf-8")
     assert read_text_inputs(rows).texts == ["first\u2028still first", "second"]
+
+
+def _watch_first_linear(model):
+    """Record, at the first Linear of every forward, whether autocast is on and the output dtype."""
+    seen = []
+    linear = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    handle = linear.register_forward_hook(
+        lambda m, i, o: seen.append((torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda"), o.dtype)))
+    return seen, handle
+
+
+def test_encode_runs_in_fp32_unless_bf16_is_asked_for(minilm_folder, encoder):
+    # bf16 autocast (once the default on a GPU) moves vectors off their fp32 values
+    import contextlib
+
+    from bertkit.encode import precision_context
+    assert isinstance(precision_context(torch.device("cuda")), contextlib.nullcontext)  # the GPU default too
+    seen, handle = _watch_first_linear(encoder.model)
+    try:
+        ref = encoder.encode(SENTENCES)
+        assert seen and all(s == (False, torch.float32) for s in seen)
+        assert ref.dtype == np.float32
+        seen.clear()
+        # on a CPU a bf16 request runs (CPU autocast): asked for, so done, and close to fp32
+        bf16 = Encoder(encoder.model, encoder.tokenizer, pooling="mean", device="cpu", precision="bf16")
+        vec = bf16.encode(SENTENCES)
+        assert seen and all(s == (True, torch.bfloat16) for s in seen)
+        assert vec.dtype == np.float32 and min(cosine(a, b) for a, b in zip(vec, ref)) > 0.99
+    finally:
+        handle.remove()
+    with pytest.raises(BertkitError, match="unknown precision 'fp16'"):
+        Encoder(encoder.model, encoder.tokenizer, device="cpu", precision="fp16")
+
+
+def test_predict_runs_in_fp32_by_default(minilm_folder):
+    from bertkit.finetune import run_task
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    from bertkit.tokenizer import WordPieceTokenizer
+    from bertkit import BertModel
+    from conftest import hf_tester_config
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    task = get_task("classify")()
+    examples = task.read_inputs(texts=["a fine film", "dull"])
+    task.fit([{**ex, "label": lab} for ex, lab in zip(examples, ["good", "bad"])], {"pooling": "cls"})
+    cfg = hf_tester_config(vocab_size=30522)
+    bert = BertModel(cfg)
+    model = TaskModel(bert, task.head(cfg, bert))
+    feats = task.features(examples, tok, 32)
+    seen, handle = _watch_first_linear(model)
+    try:
+        run_task(task, model, feats, examples, tok)
+        assert seen and all(s == (False, torch.float32) for s in seen)
+        seen.clear()
+        run_task(task, model, feats, examples, tok, precision="bf16")
+        assert seen and all(s == (True, torch.bfloat16) for s in seen)
+    finally:
+        handle.remove()
+
+
+def test_cli_encode_precision(tmp_path, minilm_folder, capsys):
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    assert main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(tmp_path / "a.npy"),
+                 "--precision", "bf16"]) == 0
+    ref = Encoder.from_folder(minilm_folder, device="cpu").encode(SENTENCES)
+    vec = np.load(tmp_path / "a.npy")
+    assert min(cosine(a, b) for a, b in zip(vec, ref)) > 0.99
+    with pytest.raises(SystemExit):
+        main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(tmp_path / "b.npy"),
+              "--precision", "fp16"])
