@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +14,10 @@ from .errors import BertkitError
 
 # hidden_act spellings that all mean the erf GELU of the original BERT
 _GELU_NAMES = {"gelu", "gelu_python"}
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass
@@ -43,6 +48,21 @@ class BertConfig:
                 f"num_attention_heads {self.num_attention_heads}")
         if self.hidden_act not in _GELU_NAMES:
             raise BertkitError(f"hidden_act {self.hidden_act!r} is not supported (only the erf 'gelu')")
+        # values that build a model without complaint and then compute NaN (a LayerNorm eps <= 0)
+        # or nonsense (a dropout of 1 zeroes everything; a negative pad id counts from the end)
+        if not _is_real(self.layer_norm_eps) or not 0 < self.layer_norm_eps < math.inf:
+            raise BertkitError(f"config field layer_norm_eps must be a positive finite number, got {self.layer_norm_eps!r}")
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            value = getattr(self, name)
+            if not _is_real(value) or not 0 <= value < 1:
+                raise BertkitError(f"config field {name} must be a probability in [0, 1), got {value!r}")
+        if not _is_real(self.initializer_range) or not 0 <= self.initializer_range < math.inf:
+            raise BertkitError(f"config field initializer_range must be a finite number >= 0, "
+                               f"got {self.initializer_range!r}")
+        if (not isinstance(self.pad_token_id, int) or isinstance(self.pad_token_id, bool)
+                or not 0 <= self.pad_token_id < self.vocab_size):
+            raise BertkitError(f"config field pad_token_id must be an integer in [0, vocab_size "
+                               f"{self.vocab_size}), got {self.pad_token_id!r}")
 
     @property
     def head_size(self) -> int:

@@ -61,6 +61,14 @@ def pool(sequence_output, pooled_output, attention_mask, pooling: str) -> torch.
     raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
 
 
+def _check_finite(rows) -> None:
+    """NaN or inf vectors come from broken weights or config: fail, never hand them on as results."""
+    bad = [i for i, r in enumerate(rows) if not np.isfinite(r).all()]
+    if bad:
+        raise BertkitError(f"{len(bad)} of {len(rows)} output row(s) are not finite (NaN or inf; first: text {bad[0]}): "
+                           "the model's weights or config.json are broken")
+
+
 @dataclass
 class TokenVectors:
     tokens: list[str]                  # word pieces, [CLS] and [SEP] included
@@ -135,6 +143,7 @@ class Encoder:
             if normalize:
                 v = torch.nn.functional.normalize(v.float(), dim=-1)
             out[idx] = v.float().cpu().numpy()
+        _check_finite(out)
         return out
 
     def token_vectors(self, texts: Sequence[str], pairs: Sequence[str] | None = None, batch_size: int = 32,
@@ -147,6 +156,7 @@ class Encoder:
                 n = len(batch.tokens[row])
                 result[i] = TokenVectors(batch.tokens[row], batch.offsets[row], batch.sequence_ids[row],
                                          seq[row, :n])
+        _check_finite([r.vectors for r in result])
         return result
 
 

@@ -49,3 +49,29 @@ def test_bad_config_json_is_named(tmp_path):
     path.write_text("{not json")
     with pytest.raises(BertkitError, match="config.json: not valid JSON"):
         BertConfig.from_json(path)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("layer_norm_eps", -1), ("layer_norm_eps", 0), ("layer_norm_eps", float("nan")), ("layer_norm_eps", float("inf")),
+    ("layer_norm_eps", "1e-12"), ("hidden_dropout_prob", 1.0), ("hidden_dropout_prob", -0.1),
+    ("attention_probs_dropout_prob", 1.5), ("attention_probs_dropout_prob", float("nan")),
+    ("initializer_range", -0.02), ("initializer_range", float("inf")),
+    ("pad_token_id", -1), ("pad_token_id", 99), ("pad_token_id", None), ("pad_token_id", 1.0)])
+def test_nonsense_values_are_refused(field, value):
+    # each of these builds a model that silently computes NaN or nonsense
+    with pytest.raises(BertkitError, match=f"config field {field} must be"):
+        BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, **{field: value})
+
+
+def test_sensible_edge_values_are_accepted():
+    cfg = BertConfig(vocab_size=99, hidden_dropout_prob=0, attention_probs_dropout_prob=0.0, initializer_range=0,
+                     layer_norm_eps=1, pad_token_id=98)
+    assert cfg.pad_token_id == 98
+
+
+def test_bad_value_in_config_json_is_named(tmp_path, minilm_folder):
+    d = json.loads((minilm_folder / "config.json").read_text())
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**d, "layer_norm_eps": -1}))
+    with pytest.raises(BertkitError, match=r"config.json: config field layer_norm_eps must be a positive finite number, got -1"):
+        BertConfig.from_json(path)

@@ -214,3 +214,54 @@ def test_cli_encode_precision(tmp_path, minilm_folder, capsys):
     with pytest.raises(SystemExit):
         main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(tmp_path / "b.npy"),
               "--precision", "fp16"])
+
+
+def _broken_copy(minilm_folder, folder, **config):
+    import shutil
+    folder.mkdir()
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        shutil.copy(minilm_folder / name, folder / name)
+    cfg = json.loads((minilm_folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **config}))
+    return folder
+
+
+def test_cli_encode_refuses_a_config_that_computes_nan(tmp_path, minilm_folder, capsys):
+    # layer_norm_eps -1 once wrote all-NaN vectors and exited 0
+    folder = _broken_copy(minilm_folder, tmp_path / "broken", layer_norm_eps=-1)
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "vec.npy"
+    assert main(["encode", "--model", str(folder), "--input", str(txt), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "layer_norm_eps must be a positive finite number, got -1" in err
+    assert not out.exists()
+
+
+def test_non_finite_vectors_are_an_error_not_a_result(tmp_path, minilm_folder, capsys):
+    import safetensors.torch
+
+    from bertkit.checkpoint import load_model
+    # a NaN in one token's embedding: only the texts holding that token turn NaN
+    enc = Encoder.from_folder(minilm_folder, device="cpu")
+    crane = enc.tokenizer.token_to_id("crane")
+    with torch.no_grad():
+        enc.model.embeddings.word.weight[crane] = float("nan")
+    with pytest.raises(BertkitError, match=r"2 of 5 output row\(s\) are not finite \(NaN or inf; first: text 0\)"):
+        enc.encode(SENTENCES)
+    with pytest.raises(BertkitError, match="not finite"):
+        enc.token_vectors(SENTENCES)
+    # and the CLI writes nothing
+    folder = _broken_copy(minilm_folder, tmp_path / "nan")
+    tensors = safetensors.torch.load_file(str(folder / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("word_embeddings.weight"))
+    tensors[name][crane] = float("nan")
+    safetensors.torch.save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    load_model(folder, heads=False)  # the folder itself loads
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    out = tmp_path / "vec.npy"
+    assert main(["encode", "--model", str(folder), "--input", str(txt), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "2 of 5 output row(s) are not finite" in err
+    assert not out.exists()
