@@ -101,6 +101,8 @@ class BertConfig:
             d = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise BertkitError(f"{path}: no such file") from None
+        except OSError as e:  # unreadable, a folder
+            raise BertkitError(f"{path}: cannot read the file ({e.strerror or e})") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BertkitError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(d, dict):

@@ -13,21 +13,57 @@ from typing import Iterator
 from .errors import BertkitError
 
 
-def read_text(path: str | Path) -> str:
-    """A whole file as UTF-8; a bad byte is reported with its offset and line."""
+def read_bytes(path: str | Path) -> bytes:
+    """A whole file's bytes; a missing, unreadable or folder path is one line naming it."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        return path.read_bytes()
     except FileNotFoundError:
         raise BertkitError(f"{path}: no such file") from None
     except IsADirectoryError:
         raise BertkitError(f"{path}: is a folder, expected a file") from None
+    except PermissionError:
+        raise BertkitError(f"{path}: permission denied: cannot read the file") from None
+    except OSError as e:
+        raise BertkitError(f"{path}: cannot read the file ({e.strerror or e})") from None
+
+
+_UTF16_BOMS = {b"\xff\xfe": "UTF-16 (little-endian)", b"\xfe\xff": "UTF-16 (big-endian)"}
+
+
+def _utf16_without_bom(data: bytes) -> bool:
+    """ASCII text saved as UTF-16 without a byte-order mark: every other byte is NUL. It is
+    valid UTF-8 (NUL is a character), so it only shows as text full of NULs."""
+    head = data[:2000]
+    if len(head) < 4 or b"\0" not in head:
+        return False
+    for zeros in (head[0::2], head[1::2]):
+        if zeros.count(0) > 0.9 * len(zeros):
+            return True
+    return False
+
+
+def decode_text(path: str | Path, data: bytes) -> str:
+    """Bytes of `path` as UTF-8; UTF-16 is named as such, another bad byte by offset and line."""
+    for bom, name in _UTF16_BOMS.items():
+        if data.startswith(bom):
+            raise BertkitError(f"{path}: the file is {name} text (it starts with the byte-order mark "
+                               f"0x{bom.hex()}); save it as UTF-8")
     try:
-        return data.decode("utf-8")
+        text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise BertkitError(f"{path}: not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset "
                            f"{e.start} (line {line}) is invalid") from None
+    if _utf16_without_bom(data):
+        raise BertkitError(f"{path}: the file looks like UTF-16 text without a byte-order mark (every other "
+                           "byte is NUL); save it as UTF-8")
+    return text
+
+
+def read_text(path: str | Path) -> str:
+    """A whole file as UTF-8; a bad byte is reported with its offset and line."""
+    return decode_text(path, read_bytes(path))
 
 
 def lines(content: str) -> list[str]:
@@ -61,9 +97,25 @@ class TextInputs:
     pairs: list[str] | None  # set when the JSONL rows carry text_pair
 
 
-def read_text_inputs(path: str | Path) -> TextInputs:
-    """Texts from a .txt file (one per line, blank lines skipped) or a .jsonl file."""
+def _refuse_blank_lines(path: Path, all_lines: list[str]) -> None:
+    """One output row per line: a blank line before the last text would shift every later row."""
+    last = max((i for i, line in enumerate(all_lines) if line.strip()), default=0)  # no text: 0, no gap
+    blank = [i + 1 for i, line in enumerate(all_lines[:last]) if not line.strip()]
+    if blank:
+        raise BertkitError(f"{path}, line {blank[0]}: blank line ({len(blank)} in the file); row i of the "
+                           "output is line i of the input, so remove blank lines")
+
+
+def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
+    """Texts from a .txt file (one per line) or a .jsonl file (one object per line).
+
+    blank_lines="skip" passes over blank lines; "refuse" names the first blank line between
+    texts (trailing blank lines are fine), for outputs whose row i must be line i (`encode`)."""
     path = Path(path)
+    if blank_lines not in ("skip", "refuse"):
+        raise ValueError(f"blank_lines must be 'skip' or 'refuse', got {blank_lines!r}")
+    if blank_lines == "refuse":
+        _refuse_blank_lines(path, read_lines(path))
     if path.suffix == ".jsonl":
         texts, pairs = [], []
         for lineno, row in jsonl_rows(path):

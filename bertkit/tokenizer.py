@@ -104,12 +104,9 @@ class WordPieceTokenizer:
         """A tokenizer from a vocab.txt; lowercase=None decides casing from the vocabulary (said on stderr)."""
         path = Path(path)
         vocab: dict[str, int] = {}
-        try:
-            lines = path.read_text(encoding="utf-8").split("\n")
-        except FileNotFoundError:
-            raise BertkitError(f"{path}: no such file") from None
-        except UnicodeDecodeError as e:
-            raise BertkitError(f"{path}: not UTF-8 at byte {e.start}") from None
+        from .inputs import read_text
+        # missing, unreadable, UTF-16 or not UTF-8: one line naming the file (and byte)
+        lines = read_text(path).removeprefix("\ufeff").split("\n")
         if lines and lines[-1] == "":
             lines.pop()
         for lineno, token in enumerate(lines, 1):
@@ -138,9 +135,10 @@ class WordPieceTokenizer:
         lowercase = None
         config = folder / "tokenizer_config.json"
         if config.is_file():
+            from .inputs import read_text
             try:
-                settings = json.loads(config.read_text(encoding="utf-8"))
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                settings = json.loads(read_text(config))
+            except json.JSONDecodeError as e:
                 raise BertkitError(f"{config}: not valid JSON ({e})") from None
             if isinstance(settings, dict) and settings.get("do_lower_case") is not None:
                 lowercase = bool(settings["do_lower_case"])
@@ -264,9 +262,11 @@ class WordPieceTokenizer:
                      [e.sequence_ids for e in encs])
 
     def tokenize_ids(self, text: str) -> list[int]:
-        """Token ids of one text, without special tokens."""
+        """Token ids of one text, without special tokens, whole (never truncated)."""
+        self.tok.no_truncation()  # encode_unpadded leaves its max_len set
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def tokenize(self, text: str) -> list[str]:
-        """Word pieces of one text, without special tokens."""
+        """Word pieces of one text, without special tokens, whole (never truncated)."""
+        self.tok.no_truncation()
         return self.tok.encode(text, add_special_tokens=False).tokens

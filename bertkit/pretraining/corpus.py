@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import BertkitError
-from ..inputs import read_text
+from ..inputs import decode_text, read_bytes
 
 Document = list[str]
 
@@ -31,26 +31,54 @@ def _segmenter():
     return pysbd.Segmenter(language="en", clean=False)
 
 
+# pysbd's time grows about quadratically with the length of what it is given (a 250 KB line took
+# 107 s) and it misses more boundaries in long inputs: a longer paragraph goes to it in chunks.
+MAX_CHUNK_CHARS = 5_000
+_SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*\s+")
+_SPACE = re.compile(r"\s+")
+
+
+def _chunks(paragraph: str, size: int = MAX_CHUNK_CHARS) -> Iterator[str]:
+    """`paragraph` in pieces of at most `size` characters, cut after the last sentence end in
+    the second half of each piece, else at its last whitespace, else (one giant word) at `size`."""
+    start = 0
+    while len(paragraph) - start > size:
+        window = paragraph[start:start + size]
+        cut = None
+        for pattern in (_SENTENCE_END, _SPACE):
+            ends = [m.end() for m in pattern.finditer(window, size // 2)]
+            if ends:
+                cut = ends[-1]
+                break
+        cut = cut or size
+        yield paragraph[start:start + cut]
+        start += cut
+    yield paragraph[start:]
+
+
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text`; every line is a paragraph of its own."""
     seg = _segmenter()
     sentences = []
-    # pysbd is superlinear in its input length: feed it one paragraph at a time.
+    # pysbd is superlinear in its input length: feed it one paragraph (or chunk of a very long
+    # one) at a time.
     for paragraph in text.split("\n"):
         if paragraph.strip():
-            # The processor is what segment() runs; segment() then maps every sentence back
-            # to the text with a fresh regex each (a third of the time) for spans we drop.
-            sentences.extend(s.strip() for s in seg.processor(paragraph).process() if s.strip())
+            for chunk in _chunks(paragraph, MAX_CHUNK_CHARS):
+                # The processor is what segment() runs; segment() then maps every sentence back
+                # to the text with a fresh regex each (a third of the time) for spans we drop.
+                sentences.extend(s.strip() for s in seg.processor(chunk).process() if s.strip())
     return sentences
 
 
 def _read(path: Path) -> str:
     """A whole text file; a binary one is named with the offset of its first NUL byte."""
+    data = read_bytes(path)
     try:
-        text = read_text(path)
+        text = decode_text(path, data)
     except BertkitError:
-        nul = path.read_bytes().find(b"\0")
-        if nul < 0:
+        nul = data.find(b"\0")
+        if nul < 0 or data.startswith((b"\xff\xfe", b"\xfe\xff")):
             raise
         raise BertkitError(f"{path}: looks binary: NUL byte at byte offset {nul}") from None
     nul = text.find("\0")
