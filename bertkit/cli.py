@@ -13,11 +13,11 @@ from .errors import BertkitError
 def cmd_tokenizer_train(args) -> None:
     from .tokenizer import WordPieceTokenizer
 
-    out = Path(args.out)
-    existing = [n for n in ("tokenizer.json", "vocab.txt") if (out / n).exists()]
-    if existing and not args.overwrite:
-        raise BertkitError(f"{out} already holds {', '.join(existing)}; choose another --out "
-                           "or pass --overwrite")
+    from .outputs import check_output_folder
+
+    # a non-empty --out (a model folder's config.json, an earlier tokenizer_config.json) is never
+    # written into without --overwrite; an unwritable one fails before the corpus is read
+    out = check_output_folder(args.out, args.overwrite)
     from .pretraining.corpus import iter_documents
 
     # read fully first: a bad file fails before anything is written
@@ -35,15 +35,23 @@ def cmd_tokenizer_train(args) -> None:
 def cmd_encode(args) -> None:
     import numpy as np
 
+    from .checkpoint import load_config
     from .encode import Encoder
+    from .finetune import check_max_len
     from .inputs import read_text_inputs
+    from .outputs import check_output_file
 
-    inputs = read_text_inputs(args.input)
+    # every option, the output path and the input are checked before the model runs
     output = Path(args.output)
     if output.suffix != ".npy":
         raise BertkitError(f"--output {output}: expected a .npy file name")
-    if output.exists() and not args.overwrite:
-        raise BertkitError(f"{output} already exists; choose another --output or pass --overwrite")
+    check_output_file(output, args.overwrite)
+    if args.batch_size < 1:
+        raise BertkitError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.max_len is not None:
+        check_max_len(args.max_len, load_config(args.model))
+    # row i of the output is line i of the input: a blank line is refused, never skipped
+    inputs = read_text_inputs(args.input, blank_lines="refuse")
     encoder = Encoder.from_folder(args.model, precision=args.precision)
     vectors = encoder.encode(inputs.texts, inputs.pairs, pooling=args.pooling, batch_size=args.batch_size,
                              max_len=args.max_len, truncation=not args.no_truncation,
@@ -98,15 +106,16 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_fill_mask(args) -> None:
-    from .checkpoint import load_model
+    from .checkpoint import load_model, load_tokenizer
     from .fill_mask import fill_mask
-    from .tokenizer import WordPieceTokenizer
 
     if not args.text:
         raise BertkitError("give at least one text with [MASK] in it")
+    if args.top_k < 1:
+        raise BertkitError(f"--top-k must be at least 1, got {args.top_k}")
+    tokenizer = load_tokenizer(args.model)  # refuses a vocabulary larger than the model's embeddings
     model, _ = load_model(args.model)
-    for text, preds in zip(args.text, fill_mask(model, WordPieceTokenizer.from_folder(args.model),
-                                                args.text, args.top_k)):
+    for text, preds in zip(args.text, fill_mask(model, tokenizer, args.text, args.top_k)):
         print(json.dumps({"text": text, "predictions": preds}))
 
 
@@ -121,6 +130,8 @@ def _task_options(args) -> dict:
         except ValueError:
             opts[key] = value
     if args.head:
+        if args.task != "classify":
+            raise BertkitError(f"--head is an option of the classify task, not of {args.task}")
         opts["head"] = args.head
     return opts
 
@@ -131,7 +142,7 @@ def cmd_finetune(args) -> None:
     cfg = FinetuneConfig(task=args.task, model=args.model, train=args.train, eval=args.eval, out=args.out,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
                          log_every=args.log_every, seed=args.seed, patience=args.patience,
-                         options=_task_options(args))
+                         options=_task_options(args), overwrite=args.overwrite)
     summary = finetune(cfg)
     best = summary["best_metrics"]
     shown = {k: round(v, 4) for k, v in best.items() if isinstance(v, float)}
@@ -147,13 +158,14 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_predict(args) -> None:
-    from .finetune import load_task_model, run_task
+    from .finetune import load_task_model, run_task, task_max_len
 
     task, model, tok = load_task_model(args.model, args.task)
     if args.input is None and not args.text:
         raise BertkitError("give --input FILE or texts to predict")
+    max_len = task_max_len(task, model, args.max_len)  # within the model's position limit
     examples = task.read_inputs(path=args.input) if args.input else task.read_inputs(texts=args.text)
-    feats = task.features(examples, tok, args.max_len or task.info.get("max_len", 128))
+    feats = task.features(examples, tok, max_len)
     preds, _ = run_task(task, model, feats, examples, tok, precision=args.precision)
     for p, ex in zip(preds, examples):
         print(json.dumps(task.describe(p, ex)))
@@ -247,7 +259,10 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")
     ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
     ft.add_argument("--option", action="append", metavar="KEY=VALUE",
-                    help="task option, e.g. k=3 (summarize), doc_stride=128 (qa), pooling=cls")
+                    help="task option, e.g. k=3 (summarize), doc_stride=128 (qa), pooling=cls (classify); "
+                         "an unknown key is an error that lists the task's keys")
+    ft.add_argument("--overwrite", action="store_true",
+                    help="write into --out even when it is not empty (its files may be replaced)")
     ft.set_defaults(func=cmd_finetune)
 
     ev = sub.add_parser("evaluate", help="metrics of a fine-tuned folder on a data file, as one JSON object")

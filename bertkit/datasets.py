@@ -632,17 +632,11 @@ def export(name: str, out: str | Path, overwrite: bool = False) -> dict:
     """Write data set `name` into folder `out` in bertkit's file formats, with its fixed split,
     plus out/README.md. Returns {"files", "counts", "labels", "source", "licence"}; `labels` is
     the closed label set ([] for qa and word, whose outputs are spans and open words)."""
+    from .outputs import check_output_folder
     d = _dataset(name)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise BertkitError(f"{out}: exists and is not a folder")
+    # before the build: a non-empty folder (only with overwrite) and an unwritable one fail at once
+    out = check_output_folder(out, overwrite)
     built = d.build()
-    paths = [out / f for f in built.files] + [out / "README.md"]
-    if not overwrite:
-        taken = [p for p in paths if p.exists()]
-        if taken:
-            raise BertkitError(f"{taken[0]}: already exists; pass overwrite=True to replace it"
-                               + (f" (and {len(taken) - 1} more)" if len(taken) > 1 else ""))
     readme = "\n".join([
         f"# {name}", "", f"{d.description}.", "",
         f"- Source: {built.source}",

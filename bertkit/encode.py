@@ -16,7 +16,7 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from .checkpoint import load_model
+from .checkpoint import load_model, load_tokenizer
 from .errors import BertkitError
 from .model import BertModel
 from .tokenizer import Batch, WordPieceTokenizer
@@ -106,8 +106,9 @@ class Encoder:
 
     @classmethod
     def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32") -> "Encoder":
+        tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
         model, _ = load_model(folder, heads=False)
-        return cls(model, WordPieceTokenizer.from_folder(folder), folder_pooling(folder) or "cls", device, precision)
+        return cls(model, tokenizer, folder_pooling(folder) or "cls", device, precision)
 
     @property
     def hidden_size(self) -> int:

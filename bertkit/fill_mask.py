@@ -14,10 +14,18 @@ def fill_mask(model: BertForPreTraining, tokenizer: WordPieceTokenizer, texts: l
     """For each text, for each [MASK] in it (in order): top_k {"token", "score"} (softmax)."""
     if top_k < 1:
         raise BertkitError(f"top_k must be at least 1, got {top_k}")
-    batch = tokenizer.encode(texts, max_len=model.config.max_position_embeddings)
+    limit = model.config.max_position_embeddings
+    batch = tokenizer.encode(texts, max_len=limit)
     is_mask = batch.input_ids == tokenizer.mask_id
     for i, text in enumerate(texts):
-        if not is_mask[i].any():
+        kept = int(is_mask[i].sum())
+        given = tokenizer.tokenize_ids(text).count(tokenizer.mask_id)
+        if kept < given:
+            # the text was cut to the model's limit: a [MASK] past it would otherwise look absent
+            raise BertkitError(f"text {i}: {given - kept} of its {given} {MASK} token(s) lie past the model's "
+                               f"limit: the text was truncated at {limit} tokens; shorten the text or move "
+                               f"the {MASK} nearer its start")
+        if not kept:
             raise BertkitError(f"text {i} has no {MASK} token: {text!r}")
     device = next(model.parameters()).device
     positions = [row.nonzero().flatten() for row in is_mask]                 # per text: (M_i,)

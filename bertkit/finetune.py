@@ -17,11 +17,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_model, save_model
+from .checkpoint import load_config, load_model, load_tokenizer, save_model
 from .encode import folder_pooling, precision_context
 from .errors import BertkitError
+from .inputs import read_text
 from .model import init_weights
 from .optim import adamw, warmup_linear
+from .outputs import check_output_folder
 from .tasks import get_task
 from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
@@ -49,11 +51,35 @@ class FinetuneConfig:
     seed: int = 0
     progress: bool = True
     options: dict = field(default_factory=dict)  # task options: head, dropout, pooling, k, doc_stride ...
+    overwrite: bool = False        # write into a non-empty --out folder
 
     def __post_init__(self):
-        for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every"):
-            if getattr(self, name) < 1:
-                raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        # named as the command line spells them: the CLI passes its options straight through
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every", "patience"):
+            value = getattr(self, name)
+            if value is None and name == "patience":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BertkitError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
+        for name, ok, what in (("lr", lambda v: v > 0, "a finite number above 0"),
+                               ("clip", lambda v: v > 0, "a finite number above 0"),
+                               ("warmup", lambda v: 0 <= v <= 1, "a number from 0 to 1"),
+                               ("weight_decay", lambda v: v >= 0, "a finite number of at least 0")):
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not (number and ok(value)):
+                raise BertkitError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
+
+
+def check_max_len(max_len: int, cfg, option: str = "--max-len") -> int:
+    """A sequence length the model can take: at least 1, at most its position embeddings."""
+    limit = cfg.max_position_embeddings
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise BertkitError(f"{option} must be an integer of at least 1, got {max_len!r}")
+    if max_len > limit:
+        raise BertkitError(f"{option} {max_len} exceeds the model's limit of {limit} positions "
+                           f"(config.json max_position_embeddings); use at most {limit}")
+    return max_len
 
 
 def _head_state(model: TaskModel) -> dict[str, torch.Tensor]:
@@ -74,11 +100,17 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     info_path = folder / "bertkit.json"
     if not info_path.is_file():
         raise BertkitError(f"{folder}: no bertkit.json: not a fine-tuned bertkit model (run `bertkit finetune`)")
-    info = json.loads(info_path.read_text())
+    try:
+        info = json.loads(read_text(info_path))
+    except json.JSONDecodeError as e:
+        raise BertkitError(f"{info_path}: not valid JSON ({e})") from None
+    if not isinstance(info, dict):
+        raise BertkitError(f"{info_path}: expected a JSON object")
     name = info.pop("task", None)
     if task_name is not None and name != task_name:
         raise BertkitError(f"{folder} was fine-tuned for {name!r}, not {task_name!r}")
     task = get_task(name)(info)
+    tokenizer = load_tokenizer(folder)
     bert, extra = load_model(folder, heads=False)
     model = TaskModel(bert, task.head(bert.config, bert))
     wanted = _head_state(model)
@@ -87,7 +119,15 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
         raise BertkitError(f"{folder / 'model.safetensors'}: the {name} head's tensor {missing[0]!r} is missing")
     model.head.load_state_dict({k: extra[k] for k in wanted}, strict=False)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
-    return task, model, WordPieceTokenizer.from_folder(folder)
+    return task, model, tokenizer
+
+
+def task_max_len(task: Task, model: TaskModel, max_len: int | None) -> int:
+    """--max-len for evaluate / predict: the one given, else the one the model was fine-tuned
+    with; within the model's position limit either way."""
+    if max_len is None:
+        return min(task.info.get("max_len", 128), model.config.max_position_embeddings)
+    return check_max_len(max_len, model.config)
 
 
 def _batches(feats, task, tokenizer, batch_size, device, groups=None):
@@ -136,9 +176,10 @@ def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, to
 def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None,
                     precision: str = "fp32") -> dict:
     task, model, tok = load_task_model(folder, task_name)
+    max_len = task_max_len(task, model, max_len)  # before reading the data
     examples = task.read(data_path)
     task.check(examples, str(data_path))
-    feats = task.features(examples, tok, max_len or task.info.get("max_len", 128))
+    feats = task.features(examples, tok, max_len)
     preds, loss = run_task(task, model, feats, examples, tok, batch_size, precision)
     metrics = task.metrics(preds, examples)
     if loss is not None:
@@ -149,22 +190,25 @@ def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max
 def finetune(cfg: FinetuneConfig) -> dict:
     out = Path(cfg.out)
     log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress else (lambda msg: None)
-    if out.exists() and any((out / n).exists() for n in ("model.safetensors", "metrics.jsonl")):
-        raise BertkitError(f"{out} already holds a model or a run; choose another --out")
+    # everything the user gave is checked before any work: options, then where the run writes
+    # (a non-empty --out only with overwrite: a user's config.json or vocab.txt is never replaced
+    # by accident), then the model folder, then the data
     task = get_task(cfg.task)()
+    user_options = task.check_options(cfg.options)
+    check_output_folder(out, cfg.overwrite)
+    model_cfg = load_config(cfg.model)
+    check_max_len(cfg.max_len, model_cfg)
+    tok = load_tokenizer(cfg.model, model_cfg)
     train_ex, eval_ex = task.read(cfg.train), task.read(cfg.eval)
     if not train_ex:
         raise BertkitError(f"{cfg.train}: no training examples")
     if not eval_ex:
         raise BertkitError(f"{cfg.eval}: no evaluation examples")
-    tok = WordPieceTokenizer.from_folder(cfg.model)
     torch.manual_seed(cfg.seed)
     bert, _ = load_model(cfg.model, heads=False)
-    if cfg.max_len > bert.config.max_position_embeddings:
-        raise BertkitError(f"--max-len {cfg.max_len} exceeds the model's {bert.config.max_position_embeddings} positions")
     # a sentence-transformers checkpoint was trained for its own pooling; its pooler may be untrained
     options = {"pooling": folder_pooling(cfg.model) or "pooler", "max_len": cfg.max_len, "base_model": str(cfg.model),
-               **cfg.options}
+               **user_options}
     task.fit(train_ex, options)
     task.check(eval_ex, cfg.eval)
     model = TaskModel(bert, task.head(bert.config, bert))

@@ -200,7 +200,7 @@ def test_export_refuses_to_overwrite(exported, tmp_path):
     out = tmp_path / "ner"
     out.mkdir()
     (out / "dev.conll").write_text("mine\tO\n")
-    with pytest.raises(BertkitError, match=r"dev\.conll: already exists; pass overwrite=True"):
+    with pytest.raises(BertkitError, match=r"not empty \(it already holds dev\.conll\); .*--overwrite"):
         D.export("wnut16", out)
     assert (out / "dev.conll").read_text() == "mine\tO\n"
     assert not (out / "train.conll").exists()  # nothing written before the check

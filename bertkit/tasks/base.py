@@ -7,12 +7,14 @@ has the same head (classifier.*, qa_outputs.*), so the saved folder loads in tra
 """
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import Any, Callable
 
 import torch
 from torch import nn
 
 from ..config import BertConfig
+from ..errors import BertkitError
 from ..model import BertModel
 
 
@@ -41,14 +43,75 @@ def pad(feats: list[dict], fields: dict[str, int]) -> dict[str, torch.Tensor]:
     return out
 
 
+# ---- task options (`finetune --option KEY=VALUE`): each task declares its keys and checks ----
+# A check takes the value (JSON-decoded by the CLI: 3 -> int, 0.2 -> float, true -> bool, mlp -> str)
+# and returns it, or raises ValueError saying what is wrong.
+OptionCheck = Callable[[Any], Any]
+
+
+def int_at_least(low: int) -> OptionCheck:
+    def check(v):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer, got {v!r}")
+        if v < low:
+            raise ValueError(f"must be at least {low}, got {v}")
+        return v
+    return check
+
+
+def finite_number(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"expected a finite number, got {v!r}")
+    return float(v)
+
+
+def probability(v):
+    v = finite_number(v)
+    if not 0 <= v < 1:
+        raise ValueError(f"must be at least 0 and below 1, got {v}")
+    return v
+
+
+def boolean(v):
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
+
+
+def one_of(*choices: str) -> OptionCheck:
+    def check(v):
+        if v not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {v!r}")
+        return v
+    return check
+
+
 class Task:
     """The interface of a task; each tasks/<name>.py subclasses it."""
     name = ""
     primary_metric = ""          # the metric that picks the best epoch (higher is better)
     hf_architecture = "BertModel"
 
+    # the keys `finetune --option KEY=VALUE` accepts for this task, each with its check
+    options: dict[str, OptionCheck] = {}
+
     def __init__(self, info: dict | None = None):
         self.info: dict[str, Any] = dict(info or {})
+
+    def check_options(self, options: dict) -> dict:
+        """The user's task options, checked before any data is read: an unknown key is named with
+        the valid ones, a bad value with what is wrong. Returns them normalised."""
+        checked = {}
+        valid = ", ".join(sorted(self.options)) or "none"
+        for key, value in options.items():
+            if key not in self.options:
+                raise BertkitError(f"--option {key}: not an option of the {self.name} task; "
+                                   f"valid keys: {valid}")
+            try:
+                checked[key] = self.options[key](value)
+            except ValueError as e:
+                raise BertkitError(f"--option {key}={value!r}: {e}") from None
+        return checked
 
     # data
     def read(self, path) -> list:                        # training / evaluation file

@@ -14,7 +14,7 @@ from torch import nn
 from ..encode import pool
 from ..errors import BertkitError
 from ..inputs import read_text_inputs
-from .base import Task, bert_inputs, pad
+from .base import Task, bert_inputs, one_of, pad, probability
 
 
 class ClassifierHead(nn.Module):
@@ -38,6 +38,7 @@ def _label(value) -> str:
 class ClassifyTask(Task):
     name = "classify"
     primary_metric = "accuracy"
+    options = {"head": one_of("linear", "mlp"), "dropout": probability, "pooling": one_of("pooler", "cls", "mean")}
 
     @property
     def hf_architecture(self):

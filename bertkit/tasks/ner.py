@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-from .base import Task, bert_inputs, pad
+from .base import Task, bert_inputs, pad, probability
 from .crf import CRF, bio_constraints
 
 
@@ -35,6 +35,7 @@ class TokenHead(nn.Module):
 class NerTask(Task):
     name = "ner"
     primary_metric = "f1"
+    options = {"dropout": probability}
     hf_architecture = "BertForTokenClassification"
     use_crf = False
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import BertkitError
 from ..inputs import jsonl_rows
-from .base import Task, bert_inputs, pad
+from .base import Task, bert_inputs, boolean, finite_number, int_at_least, pad
 from .squad import QAExample, best_spans, make_windows, read_squad, squad_metrics
 
 
@@ -29,6 +29,8 @@ class SpanHead(nn.Module):
 class QATask(Task):
     name = "qa"
     primary_metric = "f1"
+    options = {"doc_stride": int_at_least(0), "max_query_len": int_at_least(1), "n_best": int_at_least(1),
+               "max_answer_len": int_at_least(1), "null_score_diff": finite_number, "version_2": boolean}
     hf_architecture = "BertForQuestionAnswering"
 
     def read(self, path):

@@ -12,7 +12,7 @@ import sys
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Task, bert_inputs, pad
+from .base import Task, bert_inputs, int_at_least, pad, probability
 
 
 class SentenceScorer(nn.Module):
@@ -28,6 +28,7 @@ class SentenceScorer(nn.Module):
 class SummarizeTask(Task):
     name = "summarize"
     primary_metric = "rouge2"
+    options = {"k": int_at_least(1), "max_words": int_at_least(1), "dropout": probability}
 
     def read(self, path):
         from ..datasets import read_summarize

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import Task, bert_inputs, pad
+from .base import Task, bert_inputs, boolean, pad
 
 
 class WordHead(nn.Module):
@@ -34,6 +34,7 @@ class WordHead(nn.Module):
 class WordTask(Task):
     name = "word"
     primary_metric = "acc@1"
+    options = {"tied": boolean}
 
     def read(self, path):
         from ..datasets import read_word

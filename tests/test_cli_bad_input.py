@@ -1,0 +1,261 @@
+"""Bad input on the command line: one `bertkit: error:` line naming the file, line, field or
+option and what is wrong; exit code 2; no traceback; nothing the user already has is changed.
+
+Each case runs `bertkit.cli.main([...])` in-process on a tmp folder filled with the user's
+files, and compares every file there (bytes and mtime) before and after.
+"""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from bertkit import BertModel, save_model
+from bertkit.cli import main
+from bertkit.model import init_weights
+from bertkit.tokenizer import WordPieceTokenizer
+from conftest import hf_tester_config
+
+LIMIT = 64  # the tiny model's position limit
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, minilm_folder):
+    """tiny: 2-layer BERT with the real vocabulary and 64 positions; small_vocab: the same
+    vocabulary over a 99-row embedding matrix; classifier: tiny fine-tuned for classify;
+    classifier_big_vocab: that folder with a vocab.txt longer than its embeddings."""
+    root = tmp_path_factory.mktemp("models")
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    torch.manual_seed(0)
+    for name, vocab in (("tiny", 30522), ("small_vocab", 99)):
+        cfg = hf_tester_config(vocab_size=vocab, max_position_embeddings=LIMIT)
+        model = BertModel(cfg)
+        init_weights(model, cfg)
+        save_model(model, root / name, tokenizer=tok)
+    data = root / "train.csv"
+    data.write_text("text,label\na good film,pos\na bad film,neg\n" * 3)
+    assert main(["finetune", "classify", "--model", str(root / "tiny"), "--train", str(data), "--eval", str(data),
+                 "--out", str(root / "classifier"), "--epochs", "1", "--max-len", "32"]) == 0
+    big = root / "classifier_big_vocab"
+    shutil.copytree(root / "classifier", big)
+    (big / "tokenizer.json").unlink()
+    with (big / "vocab.txt").open("a") as f:
+        f.write("".join(f"extratoken{i}\n" for i in range(5)))
+    return {name: root / name for name in ("tiny", "small_vocab", "classifier", "classifier_big_vocab")}
+
+
+def _user_files(tmp: Path) -> None:
+    """What a user has lying around: inputs good and bad, and folders of their own."""
+    (tmp / "texts.txt").write_text("first text\nsecond text\n")
+    (tmp / "gap.txt").write_text("first text\n\nthird text\n")
+    (tmp / "train.csv").write_text("text,label\na good film,pos\na bad film,neg\n" * 3)
+    (tmp / "utf16.csv").write_bytes("text,label\na good film,pos\n".encode("utf-16"))
+    (tmp / "utf16be.txt").write_bytes(b"\xfe\xff" + "some text\n".encode("utf-16-be"))
+    (tmp / "utf16.conll").write_bytes("Peter B-PER\n".encode("utf-16"))
+    (tmp / "a_folder.txt").mkdir()
+    (tmp / "a_folder.txt" / "inside.txt").write_text("kept\n")
+    (tmp / "a_folder.csv").mkdir()
+    mine = tmp / "my_model"  # a user's own folder: its config.json must survive
+    mine.mkdir()
+    (mine / "config.json").write_text('{"mine": true}\n')
+    vocab = tmp / "my_vocab"  # a `tokenizer train` output
+    vocab.mkdir()
+    (vocab / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\nhello\n")
+    (vocab / "tokenizer_config.json").write_text('{"do_lower_case": true}\n')
+    (tmp / "a_file").write_text("not a folder\n")
+    (tmp / "existing.npy").write_bytes(b"my vectors")
+
+
+def _snapshot(tmp: Path) -> dict:
+    """Every path under tmp; for files their bytes and modification time."""
+    return {str(p.relative_to(tmp)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else "folder"
+            for p in sorted(tmp.rglob("*"))}
+
+
+LONG_MASK = " ".join(["word"] * 100) + " [MASK] ."
+
+# (id, argv with {tmp} and model names in braces, text the error line must hold)
+CASES = [
+    # 1. a non-empty --out is refused without --overwrite
+    ("finetune-out-user-folder", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/my_model", "my_model: the folder is not empty (it already holds config.json)"),
+    ("finetune-out-vocab-folder", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/my_vocab", "already holds tokenizer_config.json, vocab.txt"),
+    ("data-export-non-empty", "data export squad-subset --out {tmp}/my_model", "pass --overwrite"),
+    ("tokenizer-train-non-empty", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 50 --out {tmp}/my_model",
+     "my_model: the folder is not empty"),
+    ("encode-output-exists", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/existing.npy",
+     "existing.npy: already exists"),
+    # 2. --max-len beyond the position limit
+    ("predict-max-len", "predict classify --model {classifier} --max-len 100000 some text",
+     f"--max-len 100000 exceeds the model's limit of {LIMIT} positions"),
+    ("evaluate-max-len", "evaluate classify --model {classifier} --data {tmp}/train.csv --max-len 513",
+     f"--max-len 513 exceeds the model's limit of {LIMIT} positions"),
+    ("encode-max-len", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/new.npy --max-len 513",
+     f"--max-len 513 exceeds the model's limit of {LIMIT} positions"),
+    ("predict-max-len-zero", "predict classify --model {classifier} --max-len 0 some text",
+     "--max-len must be an integer of at least 1, got 0"),
+    ("finetune-max-len", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --max-len 100", f"--max-len 100 exceeds the model's limit of {LIMIT} positions"),
+    # 3. learning rate, epochs, batch size
+    ("finetune-lr-negative", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --lr -1", "--lr must be a finite number above 0, got -1.0"),
+    ("finetune-lr-nan", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --lr nan", "--lr must be a finite number above 0, got nan"),
+    ("finetune-lr-inf", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --lr inf", "--lr must be a finite number above 0, got inf"),
+    ("finetune-epochs-zero", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --epochs 0", "--epochs must be an integer of at least 1, got 0"),
+    ("finetune-batch-size-zero", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --batch-size 0", "--batch-size must be an integer of at least 1, got 0"),
+    ("finetune-patience-zero", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --patience 0", "--patience must be an integer of at least 1, got 0"),
+    ("encode-batch-size-zero", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/new.npy --batch-size 0",
+     "--batch-size must be at least 1"),
+    ("fill-mask-top-k-zero", "fill-mask --model {tiny} --top-k 0 a\x00[MASK]\x00here", "--top-k must be at least 1"),
+    # 4. task options: unknown keys listed, bad values named, before any training
+    ("finetune-option-typo", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option dropuot=0.2",
+     "--option dropuot: not an option of the classify task; valid keys: dropout, head, pooling"),
+    ("finetune-option-bad-dropout", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option dropout=2", "--option dropout=2: must be at least 0 and below 1, got 2.0"),
+    ("finetune-option-bad-pooling", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option pooling=max", "--option pooling='max': expected one of pooler, cls, mean"),
+    ("finetune-summarize-k", "finetune summarize --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option k=0", "--option k=0: must be at least 1, got 0"),
+    ("finetune-qa-stride-text", "finetune qa --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option doc_stride=wide", "--option doc_stride='wide': expected an integer"),
+    ("finetune-ner-pooling", "finetune ner --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option pooling=cls", "not an option of the ner task; valid keys: dropout"),
+    ("finetune-head-for-ner", "finetune ner --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --head mlp", "--head is an option of the classify task, not of ner"),
+    # 5. an output that cannot be written fails before the work
+    ("encode-output-under-proc", "encode --model {tiny} --input {tmp}/texts.txt --output /proc/bertkit-test/v.npy",
+     "--output /proc/bertkit-test/v.npy: cannot write in /proc"),
+    ("encode-output-parent-file", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/a_file/v.npy",
+     "a_file is a file, not a folder"),
+    ("encode-output-folder", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/my_model",
+     "expected a .npy file name"),
+    ("finetune-out-under-proc", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out /proc/bertkit-test", "--out /proc/bertkit-test: cannot write in /proc"),
+    ("finetune-out-parent-file", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/a_file/run", "a_file is a file, not a folder"),
+    ("finetune-out-is-file", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/a_file", "a_file: exists and is not a folder"),
+    ("data-export-under-proc", "data export squad-subset --out /proc/bertkit-test", "cannot write in /proc"),
+    ("data-export-parent-file", "data export squad-subset --out {tmp}/a_file/squad", "a_file is a file, not a folder"),
+    ("tokenizer-train-under-proc", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 50 --out /proc/bertkit-test",
+     "cannot write in /proc"),
+    ("tokenizer-train-parent-file", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 50 "
+     "--out {tmp}/a_file/vocab", "a_file is a file, not a folder"),
+    # 6. unreadable and UTF-16 inputs
+    ("encode-input-folder", "encode --model {tiny} --input {tmp}/a_folder.txt --output {tmp}/new.npy",
+     "a_folder.txt: is a folder, expected a file"),
+    ("finetune-train-folder", "finetune classify --model {tiny} --train {tmp}/a_folder.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --max-len 32", "a_folder.csv: is a folder, expected a file"),
+    ("finetune-train-utf16", "finetune classify --model {tiny} --train {tmp}/utf16.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --max-len 32", "utf16.csv: the file is UTF-16 (little-endian) text"),
+    ("finetune-conll-utf16", "finetune ner --model {tiny} --train {tmp}/utf16.conll --eval {tmp}/utf16.conll "
+     "--out {tmp}/new --max-len 32", "utf16.conll: the file is UTF-16 (little-endian) text"),
+    ("encode-input-utf16-be", "encode --model {tiny} --input {tmp}/utf16be.txt --output {tmp}/new.npy",
+     "utf16be.txt: the file is UTF-16 (big-endian) text (it starts with the byte-order mark 0xfeff); save it as UTF-8"),
+    ("tokenizer-train-utf16", "tokenizer train --corpus {tmp}/utf16be.txt --vocab-size 50 --out {tmp}/new",
+     "utf16be.txt: the file is UTF-16"),
+    ("predict-input-utf16", "predict classify --model {classifier} --input {tmp}/utf16be.txt",
+     "utf16be.txt: the file is UTF-16"),
+    ("tokenizer-train-missing-corpus", "tokenizer train --corpus {tmp}/nothing.txt --vocab-size 50 "
+     "--out {tmp}/new", "nothing.txt: no such file"),
+    # 7. encode keeps row i = line i: blank lines are refused
+    ("encode-blank-line", "encode --model {tiny} --input {tmp}/gap.txt --output {tmp}/new.npy",
+     "gap.txt, line 2: blank line (1 in the file); row i of the output is line i of the input, so remove blank lines"),
+    # 8. a vocabulary longer than the embedding matrix
+    ("encode-vocab-too-big", "encode --model {small_vocab} --input {tmp}/texts.txt --output {tmp}/new.npy",
+     "the tokenizer has 30522 token ids but config.json vocab_size is 99"),
+    ("fill-mask-vocab-too-big", "fill-mask --model {small_vocab} a\x00[MASK]\x00here",
+     "the tokenizer has 30522 token ids but config.json vocab_size is 99"),
+    ("finetune-vocab-too-big", "finetune classify --model {small_vocab} --train {tmp}/train.csv "
+     "--eval {tmp}/train.csv --out {tmp}/new --max-len 32", "config.json vocab_size is 99"),
+    ("predict-vocab-too-big", "predict classify --model {classifier_big_vocab} some text",
+     "vocab.txt: the tokenizer has 30527 token ids but config.json vocab_size is 30522"),
+    # 9. fill-mask: a [MASK] cut off by the length limit is said to be cut off
+    ("fill-mask-truncated", "fill-mask --model {tiny} " + LONG_MASK.replace(" ", "\x00"),
+     f"text 0: 1 of its 1 [MASK] token(s) lie past the model's limit: the text was truncated at {LIMIT} tokens"),
+]
+
+
+@pytest.mark.parametrize("argv, expected", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_is_one_line_exit_2_and_changes_nothing(argv, expected, tmp_path, models, capsys, monkeypatch):
+    _user_files(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    names = {"tmp": str(tmp_path), **{k: str(v) for k, v in models.items()}}
+    args = [a.format(**names).replace("\x00", " ") for a in argv.split(" ")]
+    before = _snapshot(tmp_path)
+    capsys.readouterr()
+    code = main(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if line.startswith("bertkit: error:")]
+    assert len(errors) == 1 and err.rstrip("\n").splitlines()[-1] == errors[0], err
+    assert expected in errors[0]
+    assert _snapshot(tmp_path) == before  # nothing changed, added or removed
+
+
+def test_unreadable_file_is_one_line(tmp_path, models, capsys):
+    """chmod 000 blocks reading except for root; as root the folder-as-file case above stands in."""
+    if os.geteuid() == 0:
+        pytest.skip("root reads any file: chmod 000 cannot make one unreadable")
+    secret = tmp_path / "secret.txt"
+    secret.write_text("a text\n")
+    secret.chmod(0)
+    try:
+        code = main(["encode", "--model", str(models["tiny"]), "--input", str(secret),
+                     "--output", str(tmp_path / "v.npy")])
+    finally:
+        secret.chmod(0o644)
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "secret.txt: permission denied: cannot read the file" in err
+
+
+def test_overwrite_writes_into_a_non_empty_folder_and_keeps_other_files(tmp_path, models, capsys):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\na good film,pos\na bad film,neg\n" * 3)
+    assert main(["finetune", "classify", "--model", str(models["tiny"]), "--train", str(train), "--eval", str(train),
+                 "--out", str(out), "--epochs", "1", "--max-len", "32", "--overwrite"]) == 0
+    assert (out / "model.safetensors").is_file() and (out / "notes.txt").read_text() == "mine\n"
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    (vocab / "notes.txt").write_text("mine\n")
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The quick brown fox jumps over the lazy dog.\n" * 20)
+    assert main(["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "60", "--out", str(vocab),
+                 "--overwrite"]) == 0
+    assert (vocab / "vocab.txt").is_file() and (vocab / "notes.txt").read_text() == "mine\n"
+    capsys.readouterr()
+
+
+def test_options_are_checked_before_the_data_is_read(tmp_path, models, capsys):
+    # the training file does not even exist: the option error comes first
+    assert main(["finetune", "classify", "--model", str(models["tiny"]), "--train", str(tmp_path / "none.csv"),
+                 "--eval", str(tmp_path / "none.csv"), "--out", str(tmp_path / "o"), "--option", "k=3"]) == 2
+    assert "--option k: not an option of the classify task" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_predict_default_max_len_fits_a_short_model(models, capsys):
+    """A folder whose bertkit.json has no max_len falls back to 128, cut to the model's limit."""
+    folder = models["classifier"]
+    info = json.loads((folder / "bertkit.json").read_text())
+    assert info["max_len"] == 32
+    from bertkit.finetune import load_task_model, task_max_len
+    task, model, _ = load_task_model(folder, "classify")
+    task.info.pop("max_len")
+    assert task_max_len(task, model, None) == LIMIT
+    assert main(["predict", "classify", "--model", str(folder), " ".join(["word"] * 200)]) == 0
+    capsys.readouterr()
