@@ -66,9 +66,9 @@ def cmd_pretrain(args) -> None:
     from .pretraining.train import PretrainConfig, pretrain
 
     overrides = {k: getattr(args, k) for k in (
-        "corpus", "model", "vocab", "out", "steps", "batch_size", "grad_accum", "max_len", "lr", "warmup",
-        "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every", "eval_every",
-        "eval_batches", "save_every", "log_every", "seed")}
+        "corpus", "model", "vocab", "out", "recipe", "budget", "steps", "batch_size", "grad_accum", "max_len", "lr",
+        "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
+        "eval_every", "eval_pairs", "save_every", "log_every", "seed")}
     for flag in ("resume", "whole_word", "tensorboard", "doc_per_file"):
         if getattr(args, flag):
             overrides[flag] = True
@@ -87,12 +87,14 @@ def cmd_pretrain(args) -> None:
     out = Path(cfg.out)
     print(f"bertkit: pretrained {summary['steps']} steps; model in {out}, curves in {out / 'loss.png'}")
     train, ev = summary["final_train"], summary["final_eval"]
-    print(f"  train: mlm loss {train['mlm_loss']:.3f}, mlm acc {train['mlm_acc']:.3f}, "
+    print(f"  train: mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}, "
           f"nsp loss {train['nsp_loss']:.3f}, nsp acc {train['nsp_acc']:.3f}; "
-          f"{summary['pairs_per_s']:.0f} sentence pairs/s")
+          f"{summary['pairs_per_s']:.0f} sentence pairs/s over {summary['elapsed_s']:.0f} s")
     if ev:
-        print(f"  held out: mlm loss {ev['eval_mlm_loss']:.3f} (ln vocab = {summary['ln_vocab_size']:.3f}), "
-              f"mlm acc {ev['eval_mlm_acc']:.3f} (most common token: {ev['eval_majority_token_acc']:.3f}), "
+        print(f"  held out: mlm loss {ev['eval_mlm_loss']:.3f} (ln vocab = {summary['ln_vocab_size']:.3f}); "
+              f"at [MASK]: top-1 {ev['eval_mlm_acc']:.3f}, top-5 {ev['eval_mlm_top5']:.3f} "
+              f"(always the most common token: {ev['eval_majority_token_acc']:.3f}); "
+              f"random-token positions {ev['eval_mlm_acc_random']:.3f}, unchanged {ev['eval_mlm_acc_unchanged']:.3f}; "
               f"nsp acc {ev['eval_nsp_acc']:.3f}")
     if not args.no_samples:
         from .checkpoint import load_model
@@ -214,12 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="each .txt file is one document (default: blank lines separate documents)")
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
     pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
-    pt.add_argument("--steps", type=int, help="optimizer steps (default 450)")
-    pt.add_argument("--batch-size", type=int, help="sentence pairs per step (default 512)")
+    pt.add_argument("--recipe", choices=["fast", "textbook"],
+                    help="fast (default: batch 128, no dropout; chosen by measurement) or textbook (batch 512, "
+                         "dropout 0.1); every option below overrides the recipe")
+    pt.add_argument("--budget", help="wall-clock budget, e.g. 90s, 10m, 1.5h (default 10m); warm-up and decay "
+                                     "follow its elapsed share")
+    pt.add_argument("--steps", type=int, help="optimizer steps instead of a budget")
+    pt.add_argument("--batch-size", type=int, help="sentence pairs per step (recipe: 128, textbook 512)")
     pt.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
     pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")
-    pt.add_argument("--lr", type=float, help="peak learning rate (default 1e-3 from scratch, 5e-5 from a folder)")
-    pt.add_argument("--warmup", type=float, help="share of steps for warm-up (default 0.1)")
+    pt.add_argument("--lr", type=float, help="peak learning rate (recipe's from scratch, 5e-5 from a folder)")
+    pt.add_argument("--warmup", type=float, help="share of the run for warm-up")
+    pt.add_argument("--dropout", type=float, help="dropout while pretraining (recipe: 0, textbook 0.1)")
     pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")
     pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 8192)")
     pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (default 0.15)")
@@ -228,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--nsp-weight", type=float, help="loss = mlm + w x nsp (default 1.0)")
     pt.add_argument("--holdout-every", type=int, help="hold out every N-th document (default 20)")
     pt.add_argument("--eval-every", type=int, help="steps between evaluations (default 100)")
-    pt.add_argument("--eval-batches", type=int, help="held-out batches per evaluation (default 4)")
+    pt.add_argument("--eval-pairs", type=int, help="held-out sentence pairs per evaluation (default 1024)")
     pt.add_argument("--save-every", type=int, help="steps between checkpoints (default 100)")
     pt.add_argument("--log-every", type=int, help="steps between metrics lines (default 10)")
     pt.add_argument("--seed", type=int)

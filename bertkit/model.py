@@ -127,9 +127,51 @@ class MLMHead(nn.Module):
         self.decoder_weight = word_embeddings.weight  # tied: the same Parameter, (V, H)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
 
+    def transform(self, h):
+        return self.norm(F.gelu(self.dense(h)))             # (N, H)
+
     def forward(self, h):
-        h = self.norm(F.gelu(self.dense(h)))             # (N, H)
-        return F.linear(h, self.decoder_weight, self.bias)  # (N, V)
+        return F.linear(self.transform(h), self.decoder_weight, self.bias)  # (N, V)
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """sum over rows of cross_entropy(h @ W.T + b, labels) / denominator, with the gradients
+    computed in the forward pass, a chunk of rows at a time, so the (N, V) logits are never
+    stored: the softmax is turned into its own gradient in place. It saves the passes over the
+    logits that log_softmax, nll_loss and their backward make (a third of a tiny-BERT step on a
+    CPU is the vocabulary projection). Returns the loss and each row's argmax."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, labels, denominator: float, chunk: int = 2048):
+        # h: (N, H), weight: (V, H), bias: (V,), labels: (N,) token ids (no ignored rows).
+        # Matmuls run in h's dtype (bf16 under autocast), softmax and sums in fp32.
+        w, b = weight.to(h.dtype), bias.to(h.dtype)
+        dh, dw, db = torch.empty_like(h), torch.zeros_like(weight), torch.zeros_like(bias)
+        loss = h.new_zeros((), dtype=torch.float32)
+        argmax = torch.empty_like(labels)
+        with torch.autocast(h.device.type, enabled=False):
+            for i in range(0, h.size(0), chunk):
+                hc, yc = h[i:i + chunk], labels[i:i + chunk]
+                logits = torch.addmm(b, hc, w.t()).float()                   # (n, V)
+                argmax[i:i + chunk] = logits.argmax(-1)
+                lse = torch.logsumexp(logits, -1)                            # (n,)
+                rows = torch.arange(yc.size(0), device=h.device)
+                loss += (lse - logits[rows, yc]).sum()
+                grad = logits.sub_(lse[:, None]).exp_()                     # softmax, in place
+                grad[rows, yc] -= 1                                          # d loss / d logits
+                db += grad.sum(0).to(db.dtype)
+                grad = grad.to(h.dtype)
+                dh[i:i + chunk] = grad @ w                                   # (n, H)
+                dw += (grad.t() @ hc).to(dw.dtype)                           # (V, H)
+        ctx.save_for_backward(dh, dw, db)
+        ctx.denominator = denominator
+        return loss / denominator, argmax
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_argmax):
+        dh, dw, db = ctx.saved_tensors
+        scale = grad_loss / ctx.denominator
+        return dh * scale, dw * scale, db * scale, None, None, None
 
 
 class NSPHead(nn.Module):
@@ -146,7 +188,8 @@ class PreTrainingOutput:
     loss: torch.Tensor | None        # mlm_loss + nsp_weight * nsp_loss
     mlm_loss: torch.Tensor | None
     nsp_loss: torch.Tensor | None
-    mlm_logits: torch.Tensor         # (B, P, V) at the given positions only
+    mlm_logits: torch.Tensor | None  # (B, P, V) at the given positions only; None when training with labels
+    mlm_predictions: torch.Tensor    # (B, P) the most likely token at each given position
     nsp_logits: torch.Tensor         # (B, 2)
     sequence_output: torch.Tensor    # (B, T, H)
     pooled_output: torch.Tensor      # (B, H)
@@ -161,24 +204,49 @@ class BertForPreTraining(nn.Module):
         self.nsp = NSPHead(cfg)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, *,
-                mlm_positions, mlm_labels=None, nsp_labels=None, nsp_weight: float = 1.0):
-        # mlm_positions: (B, P) indices into T; mlm_labels: (B, P) token ids, -100 for padding
+                mlm_positions, mlm_labels=None, nsp_labels=None, nsp_weight: float = 1.0,
+                mlm_denominator: float | None = None):
+        # mlm_positions: (B, P) indices into T; mlm_labels: (B, P) token ids, -100 for padding.
+        # mlm_denominator: divide the summed MLM loss by this instead of this batch's prediction
+        # count, so that micro-batches and ranks weight every predicted token alike
         out = self.bert(input_ids, token_type_ids, attention_mask)
         B, P = mlm_positions.shape
         H = out.sequence_output.size(-1)
         picked = out.sequence_output.gather(1, mlm_positions[..., None].expand(B, P, H))  # (B, P, H)
-        mlm_logits = self.mlm(picked.reshape(B * P, H)).view(B, P, -1)                  # (B, P, V)
         nsp_logits = self.nsp(out.pooled_output)                                        # (B, 2)
-        mlm_loss = nsp_loss = loss = None
-        if mlm_labels is not None:
-            mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), mlm_labels.flatten(),
-                                       ignore_index=-100)
+        mlm_loss = nsp_loss = loss = mlm_logits = None
+        if mlm_labels is not None and torch.is_grad_enabled():
+            # training: the fused loss, at the used slots only (unused ones hold -100)
+            valid = mlm_labels != -100                                                   # (B, P)
+            n = valid.sum() if mlm_denominator is None else mlm_denominator
+            mlm_loss, best = LinearCrossEntropy.apply(
+                self.mlm.transform(picked[valid]), self.mlm.decoder_weight, self.mlm.bias,
+                mlm_labels[valid], n)                                                    # (), (N,)
+            mlm_predictions = torch.zeros_like(mlm_labels).masked_scatter_(valid, best)
             loss = mlm_loss
+        else:
+            mlm_logits = self.mlm(picked.reshape(B * P, H)).view(B, P, -1)              # (B, P, V)
+            mlm_predictions = mlm_logits.argmax(-1)
+            if mlm_labels is not None:
+                mlm_loss = F.cross_entropy(mlm_logits.flatten(0, 1).float(), mlm_labels.flatten(),
+                                           ignore_index=-100, reduction="sum")
+                mlm_loss = mlm_loss / ((mlm_labels != -100).sum() if mlm_denominator is None else mlm_denominator)
+                loss = mlm_loss
         if nsp_labels is not None:
             nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
             loss = nsp_weight * nsp_loss if loss is None else loss + nsp_weight * nsp_loss
-        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, nsp_logits,
+        return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, mlm_predictions, nsp_logits,
                                  out.sequence_output, out.pooled_output)
+
+
+def set_dropout(module: nn.Module, p: float) -> None:
+    """Change every dropout rate in place (pretraining recipes train without it); the saved
+    config keeps its own rates for fine-tuning."""
+    for m in module.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = p
+        elif isinstance(m, SelfAttention):
+            m.attn_dropout = p
 
 
 def init_weights(module: nn.Module, cfg: BertConfig) -> None:

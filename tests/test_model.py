@@ -42,8 +42,10 @@ def test_pretraining_heads_shapes_losses_and_gradients():
     labels = torch.randint(0, cfg.vocab_size, (13, 3))
     labels[1, 2] = -100  # a padded prediction slot
     nsp = torch.randint(0, 2, (13,))
+    with torch.no_grad():
+        assert model(ids, types, mask, mlm_positions=positions).mlm_logits.shape == (13, 3, 99)
     out = model(ids, types, mask, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp)
-    assert out.mlm_logits.shape == (13, 3, 99) and out.nsp_logits.shape == (13, 2)
+    assert out.mlm_predictions.shape == (13, 3) and out.nsp_logits.shape == (13, 2)
     assert out.sequence_output.shape == (13, 7, 32) and out.pooled_output.shape == (13, 32)
     torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
     out.loss.backward()
@@ -92,3 +94,55 @@ def test_bert_model_gradients_and_padding_does_not_leak():
         a = model(ids, types, mask).sequence_output[0, :4]
         b = model(ids2, types, mask).sequence_output[0, :4]
     torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
+    """The training path (fused linear + cross-entropy at the used slots) gives the loss,
+    predictions and gradients of the plain path (logits, then F.cross_entropy)."""
+    import torch.nn.functional as F
+
+    from bertkit import BertForPreTraining
+    from bertkit.model import init_weights
+    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    init_weights(model, cfg)
+    with torch.no_grad():
+        model.mlm.bias.normal_(0, 0.5)  # a bias that matters
+    ids = torch.randint(5, 99, (13, 7))
+    positions = torch.randint(0, 7, (13, 3))
+    labels = torch.randint(5, 99, (13, 3))
+    labels[:4, 2] = -100  # unused slots
+    nsp = torch.randint(0, 2, (13,))
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+
+    def run(fused: bool):
+        model.zero_grad(set_to_none=True)
+        with ctx:
+            if fused:
+                out = model(ids, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp, mlm_denominator=20.0)
+                assert out.mlm_logits is None
+                mlm, pred = out.mlm_loss, out.mlm_predictions
+            else:
+                out = model(ids, mlm_positions=positions, nsp_labels=nsp)
+                mlm = F.cross_entropy(out.mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
+                                      reduction="sum") / 20.0
+                pred = out.mlm_logits.argmax(-1)
+        (mlm + out.nsp_loss).backward()
+        return mlm.detach(), pred, {k: p.grad.clone() for k, p in model.named_parameters()}
+
+    loss_f, pred_f, grads_f = run(True)
+    loss_p, pred_p, grads_p = run(False)
+    tol = dict(rtol=2e-2, atol=2e-3) if autocast else dict(rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(loss_f, loss_p, **tol)
+    used = labels != -100
+    if not autocast:  # bf16 rounding may flip near-ties
+        assert torch.equal(pred_f[used], pred_p[used])
+    for name in grads_p:
+        torch.testing.assert_close(grads_f[name], grads_p[name], **tol, msg=name)
+    # evaluation (no gradients) keeps the logits and the plain loss
+    with torch.no_grad():
+        out = model(ids, mlm_positions=positions, mlm_labels=labels)
+    assert out.mlm_logits.shape == (13, 3, 99)
+    torch.testing.assert_close(out.mlm_loss * used.sum(), loss_p * 20.0, rtol=1e-4, atol=1e-5)

@@ -22,7 +22,7 @@ def vocab(tmp_path_factory, wiki_excerpt):
 
 def _cfg(corpus, out, **kw):
     base = dict(corpus=str(corpus), model="tiny", out=str(out), steps=6, batch_size=16, max_len=32,
-                vocab_size=600, holdout_every=6, eval_every=3, eval_batches=2, save_every=3, log_every=1,
+                vocab_size=600, holdout_every=6, eval_every=3, eval_pairs=32, save_every=3, log_every=1,
                 seed=3, progress=False)
     return PretrainConfig(**{**base, **kw})
 
@@ -123,7 +123,7 @@ def test_bad_input_is_refused_and_nothing_is_lost(tmp_path, wiki_excerpt, capsys
 def test_cli_pretrain_with_a_toml_config_then_fill_mask(tmp_path, wiki_excerpt, capsys):
     toml = tmp_path / "run.toml"
     toml.write_text(f'[pretrain]\ncorpus = "{wiki_excerpt}"\nsteps = 2\nbatch-size = 8\nmax_len = 32\n'
-                    'vocab_size = 500\nholdout_every = 6\neval_batches = 1\nlog_every = 1\nprogress = false\n')
+                    'vocab_size = 500\nholdout_every = 6\neval_pairs = 16\nlog_every = 1\nprogress = false\n')
     out = tmp_path / "cli"
     assert main(["pretrain", "--config", str(toml), "--out", str(out), "--seed", "1"]) == 0
     printed = capsys.readouterr().out
@@ -165,3 +165,175 @@ def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vo
     assert abs(lines[0]["loss"] - single["final_train"]["loss"]) < 0.1
     from transformers import BertForPreTraining as HF
     HF.from_pretrained(str(out))
+
+
+# ---- the loss is per predicted token, whatever the split into micro-batches and ranks ----
+def _tiny_setup(wiki_excerpt, vocab, tmp_path):
+    """A dropout-free tiny model and one real global batch of 16 pairs whose micro-batches hold
+    different numbers of predictions."""
+    from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer
+    from bertkit.model import init_weights
+    from bertkit.pretraining.batches import PretrainingBatches
+    from bertkit.pretraining.corpus import iter_documents
+    from bertkit.pretraining.masking import MaskingConfig
+    from bertkit.pretraining.shards import tokenize_corpus
+    tok = WordPieceTokenizer.from_folder(vocab)
+    store, _ = tokenize_corpus(iter_documents(str(wiki_excerpt)), tok, tmp_path / "shards", holdout_every=0)
+    data = PretrainingBatches(store, tok, 32, 16, MaskingConfig(0.15, 5), seed=0)
+    batch = next(data.iterate())[1]
+    batch["mlm_labels"][:4, 1:] = -100  # the first micro-batch predicts far fewer tokens than the others
+    cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size, hidden_dropout_prob=0.0,
+                            attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    init_weights(model, cfg)
+    return model, batch, tok
+
+
+def _grads(model, batch, tok, grad_accum, world=1, rows=slice(None)):
+    import contextlib
+
+    from bertkit.pretraining.train import accumulate_gradients
+    model.zero_grad(set_to_none=True)
+    n = int((batch["mlm_labels"] != -100).sum())
+    stats = accumulate_gradients(model, {k: v[rows] for k, v in batch.items()}, n_predictions=n,
+                                 grad_accum=grad_accum, world=world, nsp_weight=1.0, mask_id=tok.mask_id,
+                                 autocast=contextlib.nullcontext())
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, stats
+
+
+def test_gradient_accumulation_gives_the_gradients_of_one_batch(tmp_path, wiki_excerpt, vocab):
+    model, batch, tok = _tiny_setup(wiki_excerpt, vocab, tmp_path)
+    per_row = (batch["mlm_labels"] != -100).sum(1)
+    assert len(set(per_row[i * 4:(i + 1) * 4].sum().item() for i in range(4))) > 1  # uneven micro-batches
+    one, s1 = _grads(model, batch, tok, 1)
+    four, s4 = _grads(model, batch, tok, 4)
+    for name in one:
+        torch.testing.assert_close(four[name], one[name], rtol=1e-4, atol=1e-7, msg=name)
+    torch.testing.assert_close(s4, s1, rtol=1e-6, atol=1e-9)  # the logged losses and counts too
+    # the per-token loss equals the model's own mean over the whole batch
+    out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                mlm_positions=batch["mlm_positions"], mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"])
+    assert abs(s4[0].item() - out.mlm_loss.item()) < 1e-5
+    # the old weighting (a mean per micro-batch) differs measurably: the test can fail
+    model.zero_grad(set_to_none=True)
+    for i in range(4):
+        mb = {k: v[i * 4:(i + 1) * 4] for k, v in batch.items()}
+        o = model(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"], mlm_positions=mb["mlm_positions"],
+                  mlm_labels=mb["mlm_labels"], nsp_labels=mb["nsp_labels"])
+        (o.loss / 4).backward()
+    w = "bert.embeddings.word.weight"
+    assert (model.bert.embeddings.word.weight.grad - one[w]).abs().max() > 1e-4
+
+
+_DDP_GRADS = r'''
+import contextlib, sys, torch, torch.distributed as dist
+sys.path.insert(0, sys.argv[1])
+from test_pretrain import _tiny_setup, _grads
+from pathlib import Path
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model, batch, tok = _tiny_setup(sys.argv[2], sys.argv[3], Path(sys.argv[4]) / f"r{rank}")
+net = torch.nn.parallel.DistributedDataParallel(model)
+import test_pretrain
+grads, stats = _grads(net, batch, tok, 2, world=2, rows=slice(rank * 8, (rank + 1) * 8))
+dist.all_reduce(stats)
+if rank == 0:
+    torch.save({"grads": {k.removeprefix("module."): v for k, v in grads.items()}, "stats": stats},
+               Path(sys.argv[4]) / "ddp.pt")
+dist.destroy_process_group()
+'''
+
+
+def test_two_ranks_give_the_gradients_of_one_process(tmp_path, wiki_excerpt, vocab):
+    """The same global batch of 16 pairs: 2 gloo ranks x 2 micro-batches of 4 equal 1 process."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "ddp_grads.py"
+    script.write_text(_DDP_GRADS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(Path(__file__).parent), str(wiki_excerpt), str(vocab), str(tmp_path)],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ddp = torch.load(tmp_path / "ddp.pt")
+    model, batch, tok = _tiny_setup(wiki_excerpt, vocab, tmp_path / "single")
+    one, stats = _grads(model, batch, tok, 1)
+    for name in one:
+        torch.testing.assert_close(ddp["grads"][name], one[name], rtol=1e-4, atol=1e-7, msg=name)
+    stats[1] *= 2  # the NSP share per rank: the loop divides the reduced sum by the world size
+    torch.testing.assert_close(ddp["stats"], stats, rtol=1e-5, atol=1e-8)
+
+
+# ---- the learning rate: logged as used, and a wall-clock budget ----
+def test_logged_lr_is_the_one_used_for_the_step(tmp_path, wiki_excerpt, vocab):
+    from bertkit.pretraining.train import lr_factor
+    cfg = _cfg(wiki_excerpt, tmp_path / "lr", vocab=str(vocab), steps=10, warmup=0.3, save_every=0)
+    pretrain(cfg)
+    lrs = [r["lr"] for r in _lines(tmp_path / "lr") if "loss" in r]
+    expected = [cfg.lr * lr_factor(s, 10, 0.3, 1) for s in range(10)]
+    assert lrs == pytest.approx(expected)
+    assert lrs[0] == pytest.approx(cfg.lr / 3) and lrs[2] == pytest.approx(cfg.lr)  # warm-up of 3 steps
+    assert lrs[-1] == pytest.approx(cfg.lr / 7)  # linear decay: the 10th step has 1 of 7 left
+
+
+def test_lr_factor_follows_the_elapsed_share_of_a_budget():
+    from bertkit.pretraining.train import lr_factor
+    f = [lr_factor(t, 100.0, 0.1, 0.5) for t in (0, 4.5, 9.5, 10, 55, 99.5, 100)]
+    assert f[0] == pytest.approx(0.05) and f[1] == pytest.approx(0.5) and f[2] == pytest.approx(1.0)
+    assert f[3] == pytest.approx(1.0) and f[4] == pytest.approx(0.5) and f[5] == pytest.approx(0.5 / 90)
+    assert f[6] == 0.0
+
+
+def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_clock(tmp_path, wiki_excerpt, vocab):
+    budget = 12.0
+    cfg = dict(vocab=str(vocab), steps=None, budget=f"{budget}s", save_every=5, eval_every=1000, warmup=0.2)
+    out = tmp_path / "b"
+    summary = pretrain(_cfg(wiki_excerpt, out, **cfg))
+    train = [r for r in _lines_all(out) if "loss" in r]
+    assert summary["elapsed_s"] <= budget + 3, summary["elapsed_s"]
+    assert train[-1]["elapsed_s"] > budget * 0.85
+    lrs = [r["lr"] for r in train]
+    peak = summary["config"]["lr"]
+    assert max(lrs) > 0.9 * peak and lrs[-1] < 0.1 * peak  # warmed up, then decayed to ~0
+    top = lrs.index(max(lrs))
+    assert all(a <= b for a, b in zip(lrs[:top], lrs[1:top + 1])) and all(a >= b for a, b in zip(lrs[top:], lrs[top + 1:]))
+
+    # stop part-way; the resumed run continues the same clock and schedule, not a new budget
+    out2 = tmp_path / "r"
+
+    def stop(step, model):
+        if step == 10:
+            raise Stop
+    with pytest.raises(Stop):
+        pretrain(_cfg(wiki_excerpt, out2, **cfg), on_step=stop)
+    state = json.loads((out2 / "checkpoints" / "step_0000010" / "trainer.json").read_text())
+    saved, start = state["elapsed_s"], state["start_s"]
+    resumed = pretrain(_cfg(wiki_excerpt, out2, **cfg, resume=True))
+    after = [r for r in _lines_all(out2) if "loss" in r and r["step"] > 10]
+    assert after[0]["elapsed_s"] > saved
+    assert after[0]["lr"] <= peak * (budget - saved) / ((budget - start) * 0.8) + 1e-9  # on the decay line, not warming up again
+    assert resumed["elapsed_s"] <= budget + 3
+    assert after[-1]["lr"] < 0.1 * peak
+
+
+def _lines_all(out):
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_recipes_fill_only_what_the_user_left_open(tmp_path, wiki_excerpt):
+    from bertkit.pretraining.train import RECIPES
+    fast = PretrainConfig(corpus=str(wiki_excerpt), out=str(tmp_path / "x"))
+    assert fast.budget == 600 and fast.steps is None and fast.batch_size == RECIPES["fast"]["batch_size"]
+    text = PretrainConfig(corpus=str(wiki_excerpt), out=str(tmp_path / "x"), recipe="textbook", batch_size=256)
+    assert text.batch_size == 256 and text.dropout == 0.1 and text.mask_prob == 0.15 and text.max_len == 64
+    assert PretrainConfig(out=str(tmp_path / "x"), budget="1.5h").budget == 5400
+    for bad, match in ((dict(budget="ten"), "expected a duration"), (dict(budget="-1m"), "positive duration"),
+                       (dict(steps=5, budget="1m"), "not both"), (dict(lr=float("nan")), "lr must be"),
+                       (dict(lr=-1.0), "lr must be"), (dict(recipe="magic"), "unknown recipe"),
+                       (dict(steps="two"), "option steps: expected int"), (dict(max_len=100000), "over BERT's 512"),
+                       (dict(dropout=1.0), "dropout must be")):
+        with pytest.raises(BertkitError, match=match):
+            PretrainConfig(out=str(tmp_path / "x"), **bad)

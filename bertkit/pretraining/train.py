@@ -11,8 +11,10 @@ import dataclasses
 import json
 import math
 import os
+import queue
 import shutil
 import sys
+import threading
 import time
 import tomllib
 from dataclasses import dataclass
@@ -20,18 +22,47 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from ..checkpoint import load_config, load_model, save_model
 from ..config import PRESETS, BertConfig
 from ..errors import BertkitError
-from ..model import BertForPreTraining, init_weights
-from ..optim import adamw, warmup_linear
+from ..model import BertForPreTraining, init_weights, set_dropout
+from ..optim import adamw
 from ..tokenizer import WordPieceTokenizer
 from ..training_log import MetricsLog, plot_losses, write_json
 from .batches import Position, PretrainingBatches
 from .masking import MaskingConfig
 from .shards import TokenStore, tokenize_corpus
+
+
+# Recipes: everything about the optimisation that a user need not choose. Flags override any value.
+RECIPES: dict[str, dict] = {
+    # the default, chosen by benchmarks/pretrain_recipes.py for a 10-minute CPU budget (table and
+    # curves in benchmarks/README.md): more, smaller steps and no dropout learn more per minute
+    "fast": dict(budget="10m", batch_size=128, max_len=64, lr=2e-3, warmup=0.05, mask_prob=0.15,
+                 dropout=0.0, nsp_weight=1.0),
+    # the textbook's: batch 512, length 64, 15% masking, dropout 0.1 (Devlin et al. 2019; d2l)
+    "textbook": dict(budget="10m", batch_size=512, max_len=64, lr=1e-3, warmup=0.1, mask_prob=0.15,
+                     dropout=0.1, nsp_weight=1.0),
+}
+
+
+def parse_duration(value) -> float:
+    """Seconds from 600, "600", "90s", "10m" or "1.5h"."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        text = str(value).strip().lower()
+        unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
+        try:
+            seconds = float(text[:-1] if unit else text) * (unit or 1)
+        except ValueError:
+            raise BertkitError(f"budget {value!r}: expected a duration such as 90s, 10m or 1.5h") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise BertkitError(f"budget {value!r}: must be a positive duration")
+    return seconds
 
 
 @dataclass
@@ -40,24 +71,27 @@ class PretrainConfig:
     doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
     out: str | None = None           # default: runs/pretrain-<time>
-    steps: int = 450                 # optimizer steps; ~10 min for tiny at 512 x 64 on 2 CPU cores
-    batch_size: int = 512            # sentence pairs per optimizer step (the textbook's 512)
+    recipe: str = "fast"             # fills every option left at None below (see RECIPES)
+    budget: str | float | None = None  # wall-clock budget ("10m"); warm-up and decay follow its elapsed share
+    steps: int | None = None         # optimizer steps instead of a budget
+    batch_size: int | None = None    # sentence pairs per optimizer step
     grad_accum: int = 1              # micro-batches per step: batch_size / grad_accum each
-    max_len: int = 64                # tokens per pair, specials included (the textbook's 64)
-    lr: float | None = None          # default 1e-3 from scratch, 5e-5 from a pretrained folder
-    warmup: float = 0.1              # share of steps spent warming up, then linear decay to 0
+    max_len: int | None = None       # tokens per pair, specials included
+    lr: float | None = None          # peak; the recipe's from scratch, 5e-5 from a pretrained folder
+    warmup: float | None = None      # share of the run spent warming up, then linear decay to 0
     weight_decay: float = 0.01       # not on biases and LayerNorm, as in BERT
     clip: float = 1.0                # gradient norm clipping
+    dropout: float | None = None     # while pretraining; the saved config keeps 0.1 for fine-tuning
     vocab: str | None = None         # folder with vocab.txt / tokenizer.json to use instead of training one
     vocab_size: int = 8192           # WordPiece vocabulary trained when neither the model nor --vocab brings one
-    mask_prob: float = 0.15
+    mask_prob: float | None = None   # share of tokens to predict
     max_predictions: int | None = None  # per sequence; default ceil(max_len x mask_prob)
     whole_word: bool = False
     short_seq_prob: float = 0.1
-    nsp_weight: float = 1.0          # loss = mlm + nsp_weight x nsp (1.0 in the paper)
+    nsp_weight: float | None = None  # loss = mlm + nsp_weight x nsp (1.0 in the paper)
     holdout_every: int = 20          # every 20th document held out for evaluation (0: none)
     eval_every: int = 100
-    eval_batches: int = 4
+    eval_pairs: int = 1024           # held-out pairs per evaluation, always masked at 15% (comparable across recipes)
     save_every: int = 100
     keep_checkpoints: int = 2
     log_every: int = 10
@@ -68,8 +102,9 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "lr", "warmup", "weight_decay", "clip", "mask_prob",
-             "max_predictions", "whole_word", "short_seq_prob", "nsp_weight", "seed", "holdout_every")
+    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "lr", "warmup", "weight_decay",
+             "clip", "dropout", "mask_prob", "max_predictions", "whole_word", "short_seq_prob", "nsp_weight",
+             "seed", "holdout_every", "eval_pairs")
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides) -> "PretrainConfig":
@@ -88,18 +123,41 @@ class PretrainConfig:
             if name not in fields:
                 raise BertkitError(f"{path}: unknown key {key!r}; known keys: {', '.join(fields)}")
             values[name] = value
-        return cls(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+        try:
+            return cls(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+        except BertkitError as e:
+            raise BertkitError(f"{path}: {e}") from None
 
     def __post_init__(self):
+        self._check_types()
+        if self.recipe not in RECIPES:
+            raise BertkitError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.model not in PRESETS and not Path(self.model).is_dir():
             raise BertkitError(f"model {self.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
+        recipe = RECIPES[self.recipe]
+        if self.steps is not None and self.budget is not None:
+            raise BertkitError("give --steps or --budget, not both")
+        if self.steps is None:
+            self.budget = parse_duration(self.budget if self.budget is not None else recipe["budget"])
+        for name in ("batch_size", "max_len", "warmup", "mask_prob", "dropout", "nsp_weight"):
+            if getattr(self, name) is None:
+                setattr(self, name, recipe[name])
         if self.lr is None:
-            self.lr = 1e-3 if self.model in PRESETS else 5e-5
+            self.lr = recipe["lr"] if self.model in PRESETS else 5e-5
         if self.max_predictions is None:
             self.max_predictions = math.ceil(self.max_len * self.mask_prob)
-        for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "vocab_size", "max_predictions"):
-            if getattr(self, name) < 1:
+        for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "vocab_size", "max_predictions",
+                     "eval_pairs"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise BertkitError(f"lr must be a positive number, got {self.lr}")
+        for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1)):
+            if not low <= getattr(self, name) < high:
+                raise BertkitError(f"{name} must be in [{low}, {high}), got {getattr(self, name)}")
+        for name in ("nsp_weight", "weight_decay", "clip"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
+                raise BertkitError(f"{name} must be a number >= 0, got {getattr(self, name)}")
         if self.batch_size % self.grad_accum:
             raise BertkitError(f"batch size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
         if not 0 < self.mask_prob < 1:
@@ -107,8 +165,23 @@ class PretrainConfig:
         if self.max_len < 5:
             raise BertkitError(f"max length {self.max_len} is too small for [CLS] A [SEP] B [SEP] "
                                "(needs at least 5 tokens: 3 special tokens and one of each text)")
+        if self.model in PRESETS and self.max_len > 512:
+            raise BertkitError(f"max length {self.max_len} is over BERT's 512 positions")
         if self.out is None:
             self.out = time.strftime("runs/pretrain-%Y%m%d-%H%M%S")
+
+    def _check_types(self) -> None:
+        """A TOML or JSON value of the wrong type is an error naming the option, not a crash later."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
+            allowed = tuple(t for name, ts in kinds.items() if name in str(f.type) for t in ts)
+            if isinstance(value, bool) and bool not in allowed:
+                allowed = ()
+            if allowed and not isinstance(value, allowed):
+                raise BertkitError(f"option {f.name}: expected {f.type.replace(' | None', '')}, got {value!r}")
 
 
 # ---- set-up ---------------------------------------------------------------------------------
@@ -149,7 +222,7 @@ def _prepare_data(cfg: PretrainConfig, tok: WordPieceTokenizer, data: Path, log)
 def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining:
     if cfg.model in PRESETS:
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size,
-                                     max_position_embeddings=max(512, cfg.max_len))
+                                     max_position_embeddings=512)
         model = BertForPreTraining(bert_cfg)
         init_weights(model, bert_cfg)
         return model
@@ -163,13 +236,20 @@ def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTrai
 
 
 def _optimizer(model, cfg: PretrainConfig):
-    opt = adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
-    return opt, warmup_linear(opt, int(cfg.warmup * cfg.steps), cfg.steps)
+    return adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
+
+
+def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
+    """Share of the peak learning rate for the step that starts after `done` of `total` (steps
+    or seconds): linear warm-up over the first `warmup` share, then linear decay to 0 at the end.
+    `unit` is one step (1 step, or its expected seconds): warm-up lasts at least one."""
+    w = max(unit, warmup * total)
+    return max(0.0, min((done + unit) / w, (total - done) / max(unit, total - w)))
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
-def _save_checkpoint(out: Path, step: int, model, opt, sched, position: Position, cfg: PretrainConfig,
-                     elapsed: float, rng: list, cuda_rng: list, world: int) -> Path:
+def _save_checkpoint(out: Path, step: int, model, opt, position: Position, cfg: PretrainConfig,
+                     elapsed: float, start_s: float, rng: list, cuda_rng: list, world: int) -> Path:
     root = out / "checkpoints"
     final = root / f"step_{step:07d}"
     tmp = root / f".step_{step:07d}.partial"
@@ -177,10 +257,10 @@ def _save_checkpoint(out: Path, step: int, model, opt, sched, position: Position
     tmp.mkdir(parents=True)
     save_model(model, tmp)
     # RNG states per rank: dropout continues exactly where it stopped
-    torch.save({"optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "torch_rng": rng,
-                "cuda_rng": cuda_rng}, tmp / "trainer.pt")
+    torch.save({"optimizer": opt.state_dict(), "torch_rng": rng, "cuda_rng": cuda_rng}, tmp / "trainer.pt")
     write_json(tmp / "trainer.json", {"step": step, "epoch": position.epoch, "batch": position.batch,
-                                      "elapsed_s": elapsed, "world_size": world, "options": _options(cfg)})
+                                      "elapsed_s": elapsed, "start_s": start_s, "world_size": world,
+                                      "options": _options(cfg)})
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -215,33 +295,93 @@ def _check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining)
 
 
 # ---- evaluation -----------------------------------------------------------------------------
+def prediction_kinds(input_ids, mlm_positions, mlm_labels, mask_id: int):
+    """(B, P) bool masks of the predicted positions the model saw as [MASK], as a random token,
+    or unchanged (80/10/10). Only the first measures what a model learned: an unchanged token
+    can be copied from the input."""
+    seen = input_ids.gather(1, mlm_positions)            # (B, P) what the model read there
+    valid = mlm_labels != -100
+    masked = valid & (seen == mask_id)
+    unchanged = valid & ~masked & (seen == mlm_labels)
+    return masked, valid & ~masked & ~unchanged, unchanged
+
+
 @torch.no_grad()
-def evaluate(model, batches: list[dict], device, autocast) -> dict:
+def evaluate(model, batches: list[dict], device, autocast, mask_id: int) -> dict:
+    """Held-out MLM and NSP. Accuracy and top-5 are counted at [MASK] positions only; the random
+    and unchanged positions are reported apart."""
     was_training = model.training
     model.eval()
-    mlm_sum = mlm_n = mlm_hit = nsp_sum = nsp_hit = nsp_n = 0.0
+    c = dict(loss=0.0, n=0, mask_hit=0, mask_top5=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
+             nsp_loss=0.0, nsp_hit=0, nsp_n=0)
     label_counts: dict[int, int] = {}
     for b in batches:
         b = {k: v.to(device) for k, v in b.items()}
         with autocast:
             out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_positions=b["mlm_positions"])
-        valid = b["mlm_labels"] != -100
-        logits = out.mlm_logits[valid].float()
-        labels = b["mlm_labels"][valid]
-        mlm_sum += torch.nn.functional.cross_entropy(logits, labels, reduction="sum").item()
-        mlm_hit += (logits.argmax(-1) == labels).sum().item()
-        mlm_n += labels.numel()
-        nsp_sum += torch.nn.functional.cross_entropy(out.nsp_logits.float(), b["nsp_labels"], reduction="sum").item()
-        nsp_hit += (out.nsp_logits.argmax(-1) == b["nsp_labels"]).sum().item()
-        nsp_n += b["nsp_labels"].numel()
-        for t, c in zip(*torch.unique(labels, return_counts=True)):
-            label_counts[int(t)] = label_counts.get(int(t), 0) + int(c)
+        labels = b["mlm_labels"]
+        valid = labels != -100
+        logits = out.mlm_logits.float()
+        c["loss"] += F.cross_entropy(logits[valid], labels[valid], reduction="sum").item()
+        c["n"] += int(valid.sum())
+        top5 = logits.topk(5, dim=-1).indices                       # (B, P, 5)
+        hit = top5[..., 0] == labels
+        masked, random, unchanged = prediction_kinds(b["input_ids"], b["mlm_positions"], labels, mask_id)
+        c["mask_hit"] += int((hit & masked).sum())
+        c["mask_top5"] += int(((top5 == labels[..., None]).any(-1) & masked).sum())
+        c["mask_n"] += int(masked.sum())
+        c["rand_hit"] += int((hit & random).sum())
+        c["rand_n"] += int(random.sum())
+        c["same_hit"] += int((hit & unchanged).sum())
+        c["same_n"] += int(unchanged.sum())
+        c["nsp_loss"] += F.cross_entropy(out.nsp_logits.float(), b["nsp_labels"], reduction="sum").item()
+        c["nsp_hit"] += int((out.nsp_logits.argmax(-1) == b["nsp_labels"]).sum())
+        c["nsp_n"] += b["nsp_labels"].numel()
+        for t, k in zip(*torch.unique(labels[masked], return_counts=True)):
+            label_counts[int(t)] = label_counts.get(int(t), 0) + int(k)
     model.train(was_training)
-    return {"eval_mlm_loss": mlm_sum / mlm_n, "eval_mlm_acc": mlm_hit / mlm_n,
-            "eval_nsp_loss": nsp_sum / nsp_n, "eval_nsp_acc": nsp_hit / nsp_n,
-            "eval_predictions": int(mlm_n), "eval_pairs": int(nsp_n),
-            # accuracy of always guessing the most common masked token: the bar to clear
-            "eval_majority_token_acc": max(label_counts.values()) / mlm_n}
+    share = lambda a, b: c[a] / max(1, c[b])
+    return {"eval_mlm_loss": share("loss", "n"),
+            "eval_mlm_acc": share("mask_hit", "mask_n"), "eval_mlm_top5": share("mask_top5", "mask_n"),
+            "eval_mlm_acc_random": share("rand_hit", "rand_n"),
+            "eval_mlm_acc_unchanged": share("same_hit", "same_n"),
+            "eval_nsp_loss": share("nsp_loss", "nsp_n"), "eval_nsp_acc": share("nsp_hit", "nsp_n"),
+            "eval_predictions": c["n"], "eval_masked": c["mask_n"], "eval_pairs": c["nsp_n"],
+            # accuracy of always guessing the most common hidden token at [MASK]: the bar to clear
+            "eval_majority_token_acc": max(label_counts.values(), default=0) / max(1, c["mask_n"])}
+
+
+# ---- one optimizer step's gradients ---------------------------------------------------------
+def accumulate_gradients(net, batch: dict, *, n_predictions: int, grad_accum: int, world: int,
+                         nsp_weight: float, mask_id: int, autocast) -> torch.Tensor:
+    """Forward and backward over this rank's rows of a global batch, in `grad_accum` micro-batches.
+
+    The MLM loss is the sum over predicted tokens divided by `n_predictions`, the count in the
+    whole global batch, so every token weighs the same whatever the split into micro-batches
+    and ranks (DistributedDataParallel averages over ranks, hence the factor `world`). NSP is a
+    mean over pairs, and every micro-batch holds as many pairs.
+    Returns, summed over micro-batches and kept on the device: MLM loss and NSP loss (shares of
+    the global figures), hits and counts at [MASK], random and unchanged positions, NSP hits."""
+    B = batch["input_ids"].size(0)
+    micro = B // grad_accum
+    stats = torch.zeros(9, dtype=torch.float64, device=batch["input_ids"].device)
+    for i in range(grad_accum):
+        mb = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
+        # gradients are averaged across ranks once per step, on the last micro-batch
+        sync = net.no_sync() if world > 1 and i < grad_accum - 1 else contextlib.nullcontext()
+        with sync, autocast:
+            o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
+                    mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
+                    nsp_labels=mb["nsp_labels"], mlm_denominator=n_predictions / world)
+            (o.mlm_loss + nsp_weight * o.nsp_loss / grad_accum).backward()
+        with torch.no_grad():
+            hit = o.mlm_predictions == mb["mlm_labels"]
+            kinds = prediction_kinds(mb["input_ids"], mb["mlm_positions"], mb["mlm_labels"], mask_id)
+            stats += torch.stack([
+                o.mlm_loss.double() / world, o.nsp_loss.double() / grad_accum,
+                *[x for k in kinds for x in ((hit & k).sum().double(), k.sum().double())],
+                (o.nsp_logits.argmax(-1) == mb["nsp_labels"]).sum().double()])
+    return stats
 
 
 # ---- several processes: torchrun + DistributedDataParallel ----------------------------------
@@ -262,13 +402,50 @@ def _barrier(world: int) -> None:
 
 
 # ---- the loop -------------------------------------------------------------------------------
+class _Prefetch:
+    """Builds the next batches in a background thread, so a step never waits for masking and
+    padding. The order is the iterator's own: resuming is unaffected."""
+
+    def __init__(self, iterator, depth: int = 2):
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._fill, args=(iterator,), daemon=True)
+        self.thread.start()
+
+    def _fill(self, iterator):
+        try:
+            for item in iterator:
+                while not self.done.is_set():
+                    try:
+                        self.queue.put((item, None), timeout=0.1)
+                        break
+                    except queue.Full:
+                        pass
+                if self.done.is_set():
+                    return
+        except BaseException as e:  # re-raised in the training thread
+            self.queue.put((None, e))
+
+    def __next__(self):
+        item, error = self.queue.get()
+        if error is not None:
+            raise error
+        return item
+
+    def close(self):
+        self.done.set()
+
+
 def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     """Run (or resume) a pretraining run; returns the summary also written to OUT/summary.json
     (None on the other ranks of a torchrun job: rank 0 writes every file).
     on_step(step, model) is called after every optimizer step and its checkpoint.
 
-    Under torchrun each of the W processes takes 1/W of every batch (the same global batch a
-    single process would see) and DistributedDataParallel averages the gradients."""
+    With a budget, the run's clock starts here (data preparation counts) and continues across
+    resumes; warm-up and decay follow the elapsed share of the budget. Under torchrun each of
+    the W processes takes 1/W of every batch (the same global batch a single process would see)
+    and DistributedDataParallel averages the gradients."""
+    clock = time.perf_counter()
     rank, world = _init_distributed()
     main = rank == 0
     if cfg.batch_size % (world * cfg.grad_accum):
@@ -300,14 +477,18 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     masking = MaskingConfig(cfg.mask_prob, cfg.max_predictions, cfg.whole_word)
     batches = PretrainingBatches(train_store, tok, cfg.max_len, cfg.batch_size, masking, cfg.seed, cfg.short_seq_prob)
     eval_batches = []
-    if eval_store.meta["documents"] >= 2 and cfg.eval_batches > 0:
-        eval_batches = PretrainingBatches(eval_store, tok, cfg.max_len, cfg.batch_size, masking, cfg.seed + 1,
-                                          cfg.short_seq_prob, drop_last=False).fixed_batches(cfg.eval_batches)
+    if eval_store.meta["documents"] >= 2 and cfg.eval_pairs > 0:
+        # the same held-out pairs and the textbook's 15% masking whatever the recipe, in batches of 256
+        eval_masking = MaskingConfig(0.15, math.ceil(cfg.max_len * 0.15), cfg.whole_word)
+        eval_batches = PretrainingBatches(eval_store, tok, cfg.max_len, min(256, cfg.eval_pairs), eval_masking,
+                                          cfg.seed + 1, cfg.short_seq_prob, drop_last=False
+                                          ).fixed_batches(math.ceil(cfg.eval_pairs / min(256, cfg.eval_pairs)))
     else:
         log("fewer than two held-out documents: no evaluation (lower --holdout-every or add documents)")
 
     torch.manual_seed(cfg.seed)  # initial weights, new heads and dropout
     model = _build_model(cfg, tok)
+    set_dropout(model, cfg.dropout)
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -317,7 +498,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     if rank:
         torch.manual_seed(cfg.seed + rank)  # other dropout masks on each rank
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-    opt, sched = _optimizer(model, cfg)
+    opt = _optimizer(model, cfg)
     step, position, elapsed0 = 0, Position(), 0.0
     if ckpt is not None:
         state = _check_resumable(ckpt, cfg, model)
@@ -325,97 +506,116 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         model.load_state_dict(resumed.state_dict())
         trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
         opt.load_state_dict(trainer["optimizer"])
-        sched.load_state_dict(trainer["scheduler"])
         if state.get("world_size", 1) != world:
             raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
         torch.set_rng_state(trainer["torch_rng"][rank])
         if trainer["cuda_rng"] and torch.cuda.is_available():
             torch.cuda.set_rng_state(trainer["cuda_rng"][rank], device)
         step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
-        log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch})")
+        log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch}"
+            + (f", {elapsed0:.0f} s of the {cfg.budget:.0f} s budget spent)" if cfg.budget else ")"))
     metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
     if main:
         write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
     net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    elapsed = lambda: elapsed0 + time.perf_counter() - clock  # the budget's clock
 
     model.train()
     local = cfg.batch_size // world          # this rank's rows of every batch
-    micro = local // cfg.grad_accum
-    data_iter = batches.iterate(position)
-    window = dict(loss=0.0, mlm=0.0, nsp=0.0, hit=0, n=0, nsp_hit=0, pairs=0, compute=0.0, steps=0)
-    t_start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, initial=step, disable=not (cfg.progress and main), unit="step", dynamic_ncols=True)
-    last_eval = None
-    while step < cfg.steps:
-        position, batch = next(data_iter)
-        t0 = time.perf_counter()
-        batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
-        # loss, mlm, nsp, mlm hits, predictions, nsp hits: kept on the device (nccl reduces there),
-        # read back once per step
-        stats = torch.zeros(6, dtype=torch.float64, device=device)
-        for i in range(cfg.grad_accum):
-            mb = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
-            # gradients are averaged across ranks once per step, on the last micro-batch
-            sync = net.no_sync() if world > 1 and i < cfg.grad_accum - 1 else contextlib.nullcontext()
-            with sync, autocast:
-                o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
-                        mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
-                        nsp_labels=mb["nsp_labels"], nsp_weight=cfg.nsp_weight)
-                (o.loss / cfg.grad_accum).backward()
-            with torch.no_grad():
-                valid = mb["mlm_labels"] != -100
-                stats += torch.stack([
-                    o.loss.double() / cfg.grad_accum, o.mlm_loss.double() / cfg.grad_accum,
-                    o.nsp_loss.double() / cfg.grad_accum,
-                    ((o.mlm_logits.argmax(-1) == mb["mlm_labels"]) & valid).sum().double(),
-                    valid.sum().double(), (o.nsp_logits.argmax(-1) == mb["nsp_labels"]).sum().double()])
-        if world > 1:
-            dist.all_reduce(stats)
-            stats[:3] /= world
-        stats = stats.tolist()
-        for key, value in zip(("loss", "mlm", "nsp", "hit", "n", "nsp_hit"), stats):
-            window[key] += value
-        if not math.isfinite(stats[0]):
-            raise BertkitError(f"step {step + 1}: the loss is not finite; the last checkpoint under "
-                               f"{out / 'checkpoints'} is intact: lower --lr and pass --resume")
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
-        sched.step()
-        opt.zero_grad(set_to_none=True)
-        step += 1
-        window["compute"] += time.perf_counter() - t0
-        window["pairs"] += cfg.batch_size
-        window["steps"] += 1
-        bar.update(1)
-        if main and (step % cfg.log_every == 0 or step == cfg.steps):
-            s = window["steps"]
-            record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
-                      "nsp_loss": window["nsp"] / s, "mlm_acc": window["hit"] / max(1, window["n"]),
-                      "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": sched.get_last_lr()[0],
-                      "epoch": position.epoch,
-                      "elapsed_s": elapsed0 + time.perf_counter() - t_start,
-                      "pairs_per_s": window["pairs"] / window["compute"]}
-            metrics.write(record)
-            bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", nsp=f"{record['nsp_loss']:.3f}",
-                            pairs_s=f"{record['pairs_per_s']:.0f}")
-            window = {k: 0 for k in window}
-        if main and eval_batches and (step % cfg.eval_every == 0 or step == cfg.steps):
-            last_eval = {"step": step, **evaluate(model, eval_batches, device, autocast)}
-            metrics.write(last_eval)
-        if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-            rng = [torch.get_rng_state()] * world
-            cuda_rng = [torch.cuda.get_rng_state(device)] * world if device.type == "cuda" else []
-            if world > 1:  # every rank's RNG, for an exact resume
-                dist.all_gather_object(rng, torch.get_rng_state())
-                if cuda_rng:
-                    dist.all_gather_object(cuda_rng, torch.cuda.get_rng_state(device))
-            if main:
-                _save_checkpoint(out, step, model, opt, sched, position, cfg,
-                                 elapsed0 + time.perf_counter() - t_start, rng, cuda_rng, world)
-            _barrier(world)
-        if on_step is not None:
-            on_step(step, model)
-    bar.close()
+    data_iter = _Prefetch(batches.iterate(position))
+    window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
+                  nsp_hit=0, pairs=0, compute=0.0, steps=0)
+    total = cfg.budget or cfg.steps
+    bar = tqdm(total=round(total), initial=round(elapsed0 if cfg.budget else step), unit="s" if cfg.budget else "step",
+               disable=not (cfg.progress and main), dynamic_ncols=True,
+               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
+    last_eval, step_s, eval_s, save_s = None, 0.0, 0.0, 0.0
+    start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
+    if cfg.budget and start_s >= cfg.budget:
+        raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
+    try:
+        while True:
+            if cfg.budget:
+                # the schedule spans the budget left after the first run's data preparation
+                lr = cfg.lr * lr_factor(elapsed() - start_s, cfg.budget - start_s, cfg.warmup,
+                                        step_s or cfg.budget / 1000)
+            elif step >= cfg.steps:
+                break  # resumed from the final checkpoint
+            else:
+                lr = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup, 1)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            position, batch = next(data_iter)
+            t0 = time.perf_counter()
+            n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
+            batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
+            stats = accumulate_gradients(net, batch, n_predictions=n_predictions, grad_accum=cfg.grad_accum,
+                                         world=world, nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id,
+                                         autocast=autocast)
+            if world > 1:
+                dist.all_reduce(stats)
+                stats[1] /= world
+            mlm, nsp, *counts = stats.tolist()  # the one read-back per step
+            if not math.isfinite(mlm + nsp):
+                raise BertkitError(f"step {step + 1}: the loss is not finite; the last checkpoint under "
+                                   f"{out / 'checkpoints'} is intact: lower --lr and pass --resume")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            step += 1
+            took = time.perf_counter() - t0
+            step_s = 0.8 * step_s + 0.2 * took if step_s else took  # smoothed: one slow step must not end a budget early
+            window["loss"] += mlm + cfg.nsp_weight * nsp
+            window["mlm"] += mlm
+            window["nsp"] += nsp
+            for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", "nsp_hit"), counts):
+                window[key] += value
+            window["compute"] += took
+            window["pairs"] += cfg.batch_size
+            window["steps"] += 1
+            bar.update(round(elapsed() - bar.n) if cfg.budget else 1)
+            # a budgeted run stops when one more step, the final evaluation and the saving would not fit
+            last = step >= cfg.steps if cfg.steps else elapsed() + step_s + eval_s + 2 * save_s > cfg.budget
+            if main and (step % cfg.log_every == 0 or last):
+                s = window["steps"]
+                record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
+                          "nsp_loss": window["nsp"] / s,
+                          # accuracy at [MASK] positions; random and unchanged positions apart
+                          "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
+                          "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
+                          "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"]),
+                          "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": lr,
+                          "epoch": position.epoch, "elapsed_s": elapsed(),
+                          "pairs_per_s": window["pairs"] / window["compute"]}
+                metrics.write(record)
+                bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", acc=f"{record['mlm_acc']:.3f}",
+                                nsp=f"{record['nsp_loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
+                window = {k: 0 for k in window}
+            if main and eval_batches and (step % cfg.eval_every == 0 or last):
+                t_eval = time.perf_counter()
+                last_eval = {"step": step, **evaluate(model, eval_batches, device, autocast, tok.mask_id),
+                             "elapsed_s": elapsed()}
+                metrics.write(last_eval)
+                eval_s = time.perf_counter() - t_eval
+            if (cfg.save_every and step % cfg.save_every == 0) or last:
+                rng = [torch.get_rng_state()] * world
+                cuda_rng = [torch.cuda.get_rng_state(device)] * world if device.type == "cuda" else []
+                if world > 1:  # every rank's RNG, for an exact resume
+                    dist.all_gather_object(rng, torch.get_rng_state())
+                    if cuda_rng:
+                        dist.all_gather_object(cuda_rng, torch.cuda.get_rng_state(device))
+                if main:
+                    t_save = time.perf_counter()
+                    _save_checkpoint(out, step, model, opt, position, cfg, elapsed(), start_s, rng, cuda_rng, world)
+                    save_s = time.perf_counter() - t_save
+                _barrier(world)
+            if on_step is not None:
+                on_step(step, model)
+            if last:
+                break
+    finally:
+        data_iter.close()
+        bar.close()
     if not main:
         return None
 
@@ -438,7 +638,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         "final_train": train_records[-1] if train_records else None,
         "final_eval": last_eval,
         "pairs_per_s": sum(r["pairs_per_s"] for r in timed) / max(1, len(timed)),
-        "elapsed_s": elapsed0 + time.perf_counter() - t_start,
+        "budget_s": cfg.budget,
+        "elapsed_s": elapsed(),
         "device": str(device), "config": dataclasses.asdict(cfg),
     }
     write_json(out / "summary.json", summary)
