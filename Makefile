@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench clean
+.PHONY: demo test test-all bench bench-recipes bench-gpu clean
 
 $(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,9 +28,23 @@ demo: $(VENV)/.runtime
 	$(VENV)/bin/bertkit pretrain
 	$(PY) examples/contextual_vectors.py
 
-bench: $(VENV)/.test
+# d2l (the textbook's BERT) is a peer in the throughput benchmark only
+$(VENV)/.bench: $(VENV)/.test
+	$(PIP) --no-deps d2l==1.0.3
+	touch $@
+
+bench: $(VENV)/.bench
 	$(PY) benchmarks/pretrain_throughput.py
+	$(PY) benchmarks/pretrain_throughput.py --preset mini --max-len 128
 	$(PY) benchmarks/streaming_memory.py
+
+# which pretraining recipe learns most in 10 minutes (about 90 minutes on 2 cores)
+bench-recipes: $(VENV)/.runtime
+	$(PY) benchmarks/pretrain_recipes.py
+
+# BERT-base steps on one GPU, bertkit beside transformers; says so and exits 0 without a GPU
+bench-gpu: $(VENV)/.test
+	benchmarks/gpu.sh
 
 test: $(VENV)/.test $(WORDNET)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q

@@ -1,12 +1,19 @@
-"""Sentence pairs per second of the textbook pretraining workload, bertkit beside HF transformers.
+"""Sentence pairs per second of the textbook pretraining workload: bertkit beside HF transformers
+and the textbook's own PyTorch BERT (the `d2l` package's BERTModel).
 
-Both models get the same configuration (the tiny preset: 2 layers, hidden 128, 2 heads, FFN 256),
-the same initial weights and the same batches (batch 512, max length 64, from the built-in
-Wikipedia sample, MLM + NSP). Steps alternate between the two so that both see the same machine
-noise. It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time
-it took, as a share of this machine's measured fp32 matmul peak.
+All get the same configuration (the tiny preset: 2 layers, hidden 128, 2 heads, FFN 256, or
+--preset), the same batches (batch 512, max length 64, from the built-in Wikipedia sample,
+MLM + NSP, dropout 0.1 as the textbook trains); bertkit and transformers also share their
+initial weights. Steps alternate between the implementations so that all see the same machine
+noise; each figure is the median step with its min and max. bertkit is timed twice: with the
+textbook's dropout 0.1 (the like-for-like figure) and with its default recipe's dropout 0.
+It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
+took, as a share of this machine's measured fp32 matmul peak.
 
-    .venv/bin/python benchmarks/pretrain_throughput.py [--steps 10] [--out benchmarks/results]
+    .venv/bin/python benchmarks/pretrain_throughput.py [--steps 10] [--preset mini --max-len 128]
+
+d2l is installed for this benchmark only (`make bench` does it: pip install d2l --no-deps); its
+module imports plotting and vision packages that BERTModel never uses, stubbed here.
 """
 from __future__ import annotations
 
@@ -23,7 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer
 from bertkit.checkpoint import save_model
-from bertkit.model import init_weights
+from bertkit.model import init_weights, set_dropout
 from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
@@ -65,6 +72,46 @@ def hf_step(model, opt, batch):
     return out.loss.item()
 
 
+def import_d2l():
+    """d2l's torch module imports packages BERTModel never touches (torchvision, IPython,
+    pandas, ...): empty stand-ins for the missing ones."""
+    import importlib
+    import sys
+    import types
+
+    class Stub(types.ModuleType):
+        def __getattr__(self, name):
+            if name.startswith("__"):
+                raise AttributeError(name)
+            return Stub(f"{self.__name__}.{name}")
+
+    for name in ("torchvision", "torchvision.transforms", "IPython", "IPython.display", "matplotlib_inline",
+                 "matplotlib_inline.backend_inline", "pandas", "requests", "scipy", "scipy.spatial", "PIL",
+                 "PIL.Image"):
+        try:
+            importlib.import_module(name)
+        except Exception:
+            sys.modules[name] = Stub(name)
+    from d2l import torch as d2l
+    return d2l
+
+
+def d2l_step(model, opt, batch):
+    # the textbook's loss: cross-entropy at the predicted positions (weights 0 for unused slots) + NSP
+    valid_lens = batch["attention_mask"].sum(1)
+    positions = batch["mlm_positions"]
+    labels = batch["mlm_labels"]
+    weights = (labels != -100).float()
+    _, mlm_hat, nsp_hat = model(batch["input_ids"], batch["token_type_ids"], valid_lens, positions)
+    loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
+    mlm_l = loss_fn(mlm_hat.reshape(-1, mlm_hat.size(-1)), labels.clamp(min=0).reshape(-1)) * weights.reshape(-1)
+    loss = mlm_l.sum() / (weights.sum() + 1e-8) + loss_fn(nsp_hat, batch["nsp_labels"]).mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
 def count_flops(step, model, opt, batch) -> int:
     with FlopCounterMode(display=False) as counter:
         step(model, opt, batch)
@@ -77,9 +124,11 @@ def main():
     ap.add_argument("--batch-size", type=int, default=512)
     ap.add_argument("--max-len", type=int, default=64)
     ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--preset", default="tiny")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     from transformers import BertForPreTraining as HFPreTraining
+    d2l = import_d2l()
 
     work = Path(tempfile.mkdtemp(prefix="bertkit-bench-"))
     print("preparing the wiki corpus ...", flush=True)
@@ -90,50 +139,60 @@ def main():
     it = data.iterate()
     batches = [next(it)[1] for _ in range(args.steps + 2)]
 
-    cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size)
+    cfg = BertConfig.preset(args.preset, vocab_size=tok.vocab_size)  # dropout 0.1, the textbook's
     torch.manual_seed(0)
     ours = BertForPreTraining(cfg)
     init_weights(ours, cfg)
-    save_model(ours, work / "init")  # the same initial weights for both
+    save_model(ours, work / "init")  # the same initial weights for bertkit and transformers
     theirs = HFPreTraining.from_pretrained(str(work / "init"), attn_implementation="sdpa")
-    ours.train()
-    theirs.train()
-    opt_ours = torch.optim.AdamW(ours.parameters(), lr=1e-4)
-    opt_theirs = torch.optim.AdamW(theirs.parameters(), lr=1e-4)
-
-    flops = {"bertkit": count_flops(bertkit_step, ours, opt_ours, batches[0]),
-             "transformers": count_flops(hf_step, theirs, opt_theirs, batches[0])}
-    bertkit_step(ours, opt_ours, batches[1])  # warm-up
-    hf_step(theirs, opt_theirs, batches[1])
-    times = {"bertkit": [], "transformers": []}
+    ours_no_dropout = BertForPreTraining(cfg)
+    ours_no_dropout.load_state_dict(ours.state_dict())
+    set_dropout(ours_no_dropout, 0.0)
+    textbook = d2l.BERTModel(tok.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                             cfg.num_hidden_layers, cfg.hidden_dropout_prob, max_len=512)
+    runs = {"bertkit": (bertkit_step, ours), "bertkit, dropout 0 (its recipe)": (bertkit_step, ours_no_dropout),
+            "d2l BERTModel (textbook)": (d2l_step, textbook), "transformers": (hf_step, theirs)}
+    opts = {}
+    for name, (step, model) in runs.items():
+        model.train()
+        opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    flops = {name: count_flops(step, model, opts[name], batches[0]) for name, (step, model) in runs.items()}
+    for name, (step, model) in runs.items():
+        step(model, opts[name], batches[1])  # warm-up
+    times = {name: [] for name in runs}
     for b in batches[2:]:
-        for name, step, model, opt in (("bertkit", bertkit_step, ours, opt_ours),
-                                       ("transformers", hf_step, theirs, opt_theirs)):
+        for name, (step, model) in runs.items():
             t = time.perf_counter()
-            step(model, opt, b)
+            step(model, opts[name], b)
             times[name].append(time.perf_counter() - t)
     peak = matmul_peak()
 
     rows = {}
     for name in times:
         med = statistics.median(times[name])
-        rows[name] = {"pairs_per_s": args.batch_size / med, "step_s": med,
-                      "gflop_per_step": flops[name] / 1e9,
+        rows[name] = {"pairs_per_s": args.batch_size / med, "step_s": med, "step_s_min": min(times[name]),
+                      "step_s_max": max(times[name]), "gflop_per_step": flops[name] / 1e9,
                       "achieved_gflop_s": flops[name] / med / 1e9,
                       "share_of_matmul_peak": flops[name] / med / 1e9 / peak}
-    result = {"workload": f"tiny preset, batch {args.batch_size}, max length {args.max_len}, vocab "
+    speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
+    result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
                           f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU",
               "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
               "matmul_peak_gflop_s": peak, "steps": args.steps, "results": rows,
-              "speedup_vs_transformers": rows["bertkit"]["pairs_per_s"] / rows["transformers"]["pairs_per_s"]}
+              "speedup_vs_transformers": speed("bertkit", "transformers"),
+              "speedup_vs_d2l": speed("bertkit", "d2l BERTModel (textbook)"),
+              "speedup_vs_d2l_with_recipe_dropout": speed("bertkit, dropout 0 (its recipe)", "d2l BERTModel (textbook)")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "pretrain_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
-    print(f"{'':14}{'pairs/s':>10}{'s/step':>9}{'GFLOP/step':>12}{'GFLOP/s':>9}{'of peak':>9}")
+    suffix = "" if (args.preset, args.max_len) == ("tiny", 64) else f"_{args.preset}_{args.max_len}"
+    (out / f"pretrain_throughput{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{result['workload']}; {torch.get_num_threads()} threads; medians of {args.steps} alternating steps")
+    print(f"| | pairs/s | s/step (min-max) | GFLOP/step | GFLOP/s | MFU (of {peak:.0f} GFLOP/s) |\n|---|---|---|---|---|---|")
     for name, r in rows.items():
-        print(f"{name:14}{r['pairs_per_s']:10.1f}{r['step_s']:9.3f}{r['gflop_per_step']:12.1f}"
-              f"{r['achieved_gflop_s']:9.1f}{r['share_of_matmul_peak']:9.1%}")
-    print(f"matmul peak {peak:.1f} GFLOP/s; bertkit / transformers = {result['speedup_vs_transformers']:.2f}x")
+        print(f"| {name} | {r['pairs_per_s']:.0f} | {r['step_s']:.3f} ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}) | "
+              f"{r['gflop_per_step']:.1f} | {r['achieved_gflop_s']:.1f} | {r['share_of_matmul_peak']:.0%} |")
+    print(f"bertkit / transformers {result['speedup_vs_transformers']:.2f}x; bertkit / d2l {result['speedup_vs_d2l']:.2f}x "
+          f"(same dropout), {result['speedup_vs_d2l_with_recipe_dropout']:.2f}x with bertkit's recipe dropout 0")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from .errors import BertkitError
+from .errors import BertkitError, Interrupted
 
 
 def cmd_tokenizer_train(args) -> None:
@@ -69,7 +69,7 @@ def cmd_pretrain(args) -> None:
         "corpus", "model", "vocab", "out", "recipe", "budget", "steps", "batch_size", "grad_accum", "max_len", "lr",
         "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
         "eval_every", "eval_pairs", "save_every", "log_every", "seed")}
-    for flag in ("resume", "whole_word", "tensorboard", "doc_per_file"):
+    for flag in ("resume", "whole_word", "tensorboard", "doc_per_file", "compile"):
         if getattr(args, flag):
             overrides[flag] = True
     saved = Path(args.out or "") / "pretrain_config.json"
@@ -242,6 +242,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--seed", type=int)
     pt.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     pt.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
+    pt.add_argument("--compile", action="store_true",
+                    help="torch.compile the model (pays on a GPU; falls back to eager if it cannot compile)")
     pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples at the end")
     pt.set_defaults(func=cmd_pretrain)
 
@@ -330,6 +332,12 @@ def main(argv: list[str] | None = None) -> int:
     except BertkitError as e:
         print(f"bertkit: error: {e}", file=sys.stderr)
         return 2
+    except Interrupted as e:
+        print(f"bertkit: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # before a training loop could save anything
+        print("bertkit: interrupted; nothing was saved", file=sys.stderr)
+        return 130
     return 0
 
 

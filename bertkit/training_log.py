@@ -11,8 +11,7 @@ class MetricsLog:
         self.path = out / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
             # a resumed run repeats the steps after its checkpoint: drop their old lines
-            keep = [line for line in self.path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            keep = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
             self.path.write_text("".join(line + "\n" for line in keep))
         elif resume_step is None:
             self.path.write_text("")
@@ -35,6 +34,14 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
+
+
+def _step(line: str) -> float:
+    """A line's step; a line torn by a crash counts as after every checkpoint (dropped)."""
+    try:
+        return json.loads(line).get("step", 0)
+    except ValueError:
+        return float("inf")
 
 
 def plot_losses(records: list[dict], path: Path, curves: list[tuple[str, str]], title: str) -> None:

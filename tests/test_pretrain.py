@@ -337,3 +337,187 @@ def test_recipes_fill_only_what_the_user_left_open(tmp_path, wiki_excerpt):
                        (dict(dropout=1.0), "dropout must be")):
         with pytest.raises(BertkitError, match=match):
             PretrainConfig(out=str(tmp_path / "x"), **bad)
+
+
+def test_compile_falls_back_to_eager_when_it_cannot_compile(tmp_path, wiki_excerpt, vocab, monkeypatch, capfd):
+    def broken(module, *a, **k):
+        def fail(*args, **kwargs):
+            raise RuntimeError("no C++ compiler on this machine")
+        return fail
+    monkeypatch.setattr(torch, "compile", broken)
+    eager = pretrain(_cfg(wiki_excerpt, tmp_path / "e", vocab=str(vocab), steps=3, save_every=0))
+    fell_back = pretrain(_cfg(wiki_excerpt, tmp_path / "c", vocab=str(vocab), steps=3, save_every=0, compile=True,
+                              progress=True))
+    assert "torch.compile failed (RuntimeError: no C++ compiler on this machine); continuing without it" in \
+        capfd.readouterr().err
+    assert fell_back["final_train"]["loss"] == eager["final_train"]["loss"]  # the same run, eagerly
+
+
+@pytest.mark.slow
+def test_compiled_run_equals_the_eager_run(tmp_path, wiki_excerpt, vocab):
+    """torch.compile (inductor, C++ on a CPU) gives the eager run's losses within fp tolerance."""
+    eager = pretrain(_cfg(wiki_excerpt, tmp_path / "e", vocab=str(vocab), steps=3, save_every=0, dropout=0.0))
+    compiled = pretrain(_cfg(wiki_excerpt, tmp_path / "c", vocab=str(vocab), steps=3, save_every=0, dropout=0.0,
+                             compile=True))
+    assert compiled["final_train"]["loss"] == pytest.approx(eager["final_train"]["loss"], rel=1e-4)
+
+
+# ---- nothing lost: signals, runs stopped early, damaged checkpoints, SIGKILL at any moment ----
+def _cli_args(corpus, vocab, out, steps):
+    return ["--corpus", str(corpus), "--vocab", str(vocab), "--out", str(out), "--steps", str(steps),
+            "--batch-size", "16", "--max-len", "32", "--holdout-every", "6", "--eval-every", "5",
+            "--eval-pairs", "16", "--save-every", "4", "--log-every", "1", "--seed", "3", "--no-samples"]
+
+
+def _start(args, capture=False):
+    import os
+    import subprocess
+    import sys
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pipe = subprocess.PIPE if capture else subprocess.DEVNULL  # a pipe nobody reads could fill and block
+    return subprocess.Popen([sys.executable, "-m", "bertkit", "pretrain", *args], stdout=pipe, stderr=pipe,
+                            text=True, env=env)
+
+
+def _wait_for_step(out, step, proc, timeout=120):
+    import time
+    t = time.time()
+    while time.time() - t < timeout and proc.poll() is None:
+        path = out / "metrics.jsonl"
+        if path.exists() and any(json.loads(line).get("step", 0) >= step
+                                 for line in path.read_text().splitlines() if line.strip()):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"step {step} never came: {proc.poll()}")
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_saves_a_checkpoint_and_exits_with_one_line(tmp_path, wiki_excerpt, vocab, sig):
+    import signal
+    out = tmp_path / "run"
+    proc = _start(_cli_args(wiki_excerpt, vocab, out, 400), capture=True)
+    _wait_for_step(out, 2, proc)
+    proc.send_signal(getattr(signal, sig))
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + getattr(signal, sig), err[-2000:]
+    assert "Traceback" not in err
+    last = [line for line in err.splitlines() if line.startswith("bertkit: stopped by")]
+    assert len(last) == 1 and f"stopped by {sig} at step" in last[0] and "--resume" in last[0]
+    step = int(last[0].split("at step ")[1].split(";")[0])
+    from bertkit.pretraining.train import latest_checkpoint
+    assert latest_checkpoint(out).name == f"step_{step:07d}"
+    assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, out, step + 2), "--resume"]) == 0
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_excerpt, vocab, capsys):
+    out = tmp_path / "run"
+
+    def stop_at_2(step, model):
+        if step == 2:
+            raise Stop
+    with pytest.raises(Stop):
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5), on_step=stop_at_2)
+    assert (out / "metrics.jsonl").exists() and not list((out / "checkpoints").glob("step_*"))
+    with pytest.raises(BertkitError, match="stopped before its first checkpoint: run the same command without --resume"):
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5, resume=True))
+    summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5))  # not a dead end
+    assert summary["steps"] == 6
+    assert [r["step"] for r in _lines(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, wiki_excerpt):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "config.json").write_text("{\"mine\": true}\n")
+    with pytest.raises(BertkitError, match="is not empty and holds no pretraining run"):
+        pretrain(_cfg(wiki_excerpt, out))
+    assert [p.name for p in out.iterdir()] == ["config.json"]
+    with pytest.raises(BertkitError, match="keep_checkpoints must be at least 1"):
+        _cfg(wiki_excerpt, tmp_path / "x", keep_checkpoints=0)
+
+
+def test_a_damaged_checkpoint_is_reported_and_the_one_before_it_used(tmp_path, wiki_excerpt, vocab):
+    from bertkit.pretraining.train import checkpoint_problem, latest_checkpoint
+    straight = tmp_path / "a"
+    pretrain(_cfg(wiki_excerpt, straight, vocab=str(vocab), steps=9))
+    out = tmp_path / "b"
+
+    def stop_at_6(step, model):
+        if step == 6:
+            raise Stop
+    with pytest.raises(Stop):
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=9), on_step=stop_at_6)
+    newest = out / "checkpoints" / "step_0000006"
+    weights = newest / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a torn write
+    assert "model.safetensors has" in checkpoint_problem(newest)
+    notes = []
+    assert latest_checkpoint(out, notes.append).name == "step_0000003"
+    assert "step_0000006 is damaged: model.safetensors has" in notes[0]
+    # resuming from step 3 still ends exactly where the uninterrupted run did
+    pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=9, resume=True))
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigkill_at_random_moments_always_resumes_to_the_uninterrupted_weights(tmp_path, wiki_excerpt, vocab):
+    """Killed during steps, checkpoint writes and evaluations (every step logs, every 4th saves,
+    every 5th evaluates), resumed each time: the final weights are the uninterrupted run's."""
+    import random
+    import signal
+    import time
+
+    from bertkit.pretraining.train import latest_checkpoint
+    steps = 14
+    straight = tmp_path / "straight"  # in a subprocess too: the same thread count, the same sums
+    proc = _start(_cli_args(wiki_excerpt, vocab, straight, steps))
+    assert proc.wait(timeout=300) == 0
+    out = tmp_path / "killed"
+    rng = random.Random(0)
+    kills = 0
+    resume: list[str] = []
+    while kills < 3:
+        proc = _start([*_cli_args(wiki_excerpt, vocab, out, steps), *resume])
+        try:
+            _wait_for_step(out, 1, proc)
+        except AssertionError:
+            pass
+        time.sleep(rng.uniform(0.0, 1.5))
+        if proc.poll() is not None:
+            break  # finished before the kill
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        kills += 1
+        resume = ["--resume"] if latest_checkpoint(out) is not None else []
+    assert _start([*_cli_args(wiki_excerpt, vocab, out, steps), *resume]).wait(timeout=300) == 0
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_non_finite_steps_are_skipped_then_rolled_back_at_half_the_lr(tmp_path, wiki_excerpt, vocab, monkeypatch):
+    import bertkit.pretraining.train as train
+    real = train.accumulate_gradients
+    calls = []
+
+    def poisoned(net, batch, **kw):
+        stats = real(net, batch, **kw)
+        calls.append(1)
+        if len(calls) == 3 or 7 <= len(calls) <= 11:  # one bad step, later five in a row
+            for p in net.parameters():
+                p.grad.fill_(float("nan"))
+            stats[0] = float("nan")
+        return stats
+    monkeypatch.setattr(train, "accumulate_gradients", poisoned)
+    out = tmp_path / "nan"
+    summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=12, save_every=4, warmup=0.0))
+    lines = _lines_all(out)
+    back = [r for r in lines if "rolled_back_to" in r]
+    assert len(back) == 1 and back[0]["rolled_back_to"] == "step_0000008" and back[0]["lr_scale"] == 0.5
+    assert summary["steps"] == 12 and summary["skipped_steps"] == 6
+    weights = load_file(str(out / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    from bertkit.pretraining.train import lr_factor
+    after = [r for r in lines if "loss" in r and r["step"] > 8 and lines.index(r) > lines.index(back[0])]
+    peak = summary["config"]["lr"]
+    assert after[0]["lr"] == pytest.approx(peak * 0.5 * lr_factor(8, 12, 0.0, 1))
+    assert json.loads((out / "checkpoints" / "step_0000012" / "trainer.json").read_text())["lr_scale"] == 0.5

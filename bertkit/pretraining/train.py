@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
+import hashlib
 import json
 import math
 import os
 import queue
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -27,7 +30,7 @@ from tqdm import tqdm
 
 from ..checkpoint import load_config, load_model, save_model
 from ..config import PRESETS, BertConfig
-from ..errors import BertkitError
+from ..errors import BertkitError, Interrupted
 from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
 from ..tokenizer import WordPieceTokenizer
@@ -36,6 +39,8 @@ from .batches import Position, PretrainingBatches
 from .masking import MaskingConfig
 from .shards import TokenStore, tokenize_corpus
 
+
+MAX_BAD_STEPS = 5  # non-finite steps in a row before returning to the last checkpoint
 
 # Recipes: everything about the optimisation that a user need not choose. Flags override any value.
 RECIPES: dict[str, dict] = {
@@ -98,6 +103,7 @@ class PretrainConfig:
     seed: int = 0
     resume: bool = False
     tensorboard: bool = False
+    compile: bool = False            # torch.compile the model (pays on GPUs; measured no gain on a 2-core CPU)
     shard_tokens: int = 10_000_000   # tokens per memory-mapped shard
     progress: bool = True
 
@@ -147,7 +153,7 @@ class PretrainConfig:
         if self.max_predictions is None:
             self.max_predictions = math.ceil(self.max_len * self.mask_prob)
         for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "vocab_size", "max_predictions",
-                     "eval_pairs"):
+                     "eval_pairs", "keep_checkpoints"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -248,8 +254,27 @@ def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _save_checkpoint(out: Path, step: int, model, opt, position: Position, cfg: PretrainConfig,
-                     elapsed: float, start_s: float, rng: list, cuda_rng: list, world: int) -> Path:
+                     elapsed: float, start_s: float, lr_scale: float, rng: list, cuda_rng: list, world: int) -> Path:
+    """Durable: written to a temporary folder, every file and the folder flushed to disk, renamed,
+    and only then are older checkpoints dropped. trainer.json, written last, lists each file's
+    size and SHA-256, so a damaged checkpoint is recognised when it is loaded."""
     root = out / "checkpoints"
     final = root / f"step_{step:07d}"
     tmp = root / f".step_{step:07d}.partial"
@@ -258,12 +283,18 @@ def _save_checkpoint(out: Path, step: int, model, opt, position: Position, cfg: 
     save_model(model, tmp)
     # RNG states per rank: dropout continues exactly where it stopped
     torch.save({"optimizer": opt.state_dict(), "torch_rng": rng, "cuda_rng": cuda_rng}, tmp / "trainer.pt")
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _digest(f)} for f in sorted(tmp.iterdir())}
     write_json(tmp / "trainer.json", {"step": step, "epoch": position.epoch, "batch": position.batch,
-                                      "elapsed_s": elapsed, "start_s": start_s, "world_size": world,
-                                      "options": _options(cfg)})
+                                      "elapsed_s": elapsed, "start_s": start_s, "lr_scale": lr_scale,
+                                      "world_size": world,
+                                      "options": _options(cfg), "files": files})
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
+    _fsync(root)
     kept = sorted(p for p in root.glob("step_*") if p.is_dir())
     for old in kept[:-cfg.keep_checkpoints]:
         shutil.rmtree(old)
@@ -274,9 +305,43 @@ def _options(cfg: PretrainConfig) -> dict:
     return {k: getattr(cfg, k) for k in PretrainConfig.EXACT}
 
 
-def latest_checkpoint(out: Path) -> Path | None:
-    done = sorted(p for p in (out / "checkpoints").glob("step_*") if (p / "trainer.json").is_file())
-    return done[-1] if done else None
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why a checkpoint cannot be used (missing or damaged file), or None if it is whole."""
+    try:
+        state = json.loads((ckpt / "trainer.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"trainer.json unreadable ({e})"
+    for name, want in state.get("files", {}).items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, {want['bytes']} were written"
+        if _digest(f) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def latest_checkpoint(out: Path, log=lambda msg: None) -> Path | None:
+    """The newest whole checkpoint; a damaged one is reported and the one before it used."""
+    candidates = sorted((p for p in (out / "checkpoints").glob("step_*") if p.is_dir()), reverse=True)
+    for ckpt in candidates:
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return ckpt
+        log(f"checkpoint {ckpt} is damaged: {problem}; trying the one before it")
+    return None
+
+
+def _restore(ckpt: Path, model, opt, rank: int, device) -> None:
+    """Weights, optimizer and this rank's RNG from a checkpoint."""
+    resumed, _ = load_model(ckpt, quiet=True)
+    model.load_state_dict(resumed.state_dict())
+    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
+    opt.load_state_dict(trainer["optimizer"])
+    torch.set_rng_state(trainer["torch_rng"][rank])
+    if trainer["cuda_rng"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state(trainer["cuda_rng"][rank], device)
 
 
 def _check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining) -> dict:
@@ -385,20 +450,30 @@ def accumulate_gradients(net, batch: dict, *, n_predictions: int, grad_accum: in
 
 
 # ---- several processes: torchrun + DistributedDataParallel ----------------------------------
-def _init_distributed() -> tuple[int, int]:
-    """(rank, world size): under torchrun (WORLD_SIZE set) join the process group, nccl on GPUs
-    and gloo on CPUs; a plain run is rank 0 of 1."""
+_LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
+
+
+def _init_distributed() -> tuple[int, int, torch.device]:
+    """(rank, world size, device): under torchrun (WORLD_SIZE set) pick this rank's GPU first,
+    then join the process group, nccl on GPUs and gloo on CPUs; a plain run is rank 0 of 1."""
+    global _LONG_WAIT
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)  # before any collective: nccl binds each rank to its device
     if world == 1:
-        return 0, 1
+        return 0, 1, device
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return dist.get_rank(), world
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    # tokenizing a real corpus on rank 0 outlasts the default collective timeout (10-30 min)
+    _LONG_WAIT = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=12))
+    return dist.get_rank(), world, device
 
 
-def _barrier(world: int) -> None:
+def _barrier(world: int, long: bool = False) -> None:
     if world > 1:
-        dist.barrier()
+        dist.barrier(group=_LONG_WAIT if long else None)
 
 
 # ---- the loop -------------------------------------------------------------------------------
@@ -446,28 +521,43 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     the W processes takes 1/W of every batch (the same global batch a single process would see)
     and DistributedDataParallel averages the gradients."""
     clock = time.perf_counter()
-    rank, world = _init_distributed()
+    rank, world, device = _init_distributed()
     main = rank == 0
+    if world > 1:  # the default --out holds a time stamp: take rank 0's, so that all ranks agree
+        shared = [cfg.out]
+        dist.broadcast_object_list(shared, src=0)
+        cfg.out = shared[0]
     if cfg.batch_size % (world * cfg.grad_accum):
         raise BertkitError(f"batch size {cfg.batch_size} is not divisible by {world} processes x "
                            f"{cfg.grad_accum} accumulation steps")
     out = Path(cfg.out)
     log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress and main else (lambda msg: None)
     ckpt = None
+    # a pretraining run's folder, finished or not, or prepared data (vocabulary and shards) to reuse
+    ours = (out / "pretrain_config.json").is_file() or (out / "data" / "shards").is_dir()
     if cfg.resume:
-        ckpt = latest_checkpoint(out)
+        ckpt = latest_checkpoint(out, log)
         if ckpt is None:
-            raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
-    elif out.exists() and any((out / n).exists() for n in ("checkpoints", "metrics.jsonl", "model.safetensors")):
-        raise BertkitError(f"{out} already holds a training run; pass --resume to continue it "
-                           "or choose another --out")
+            hint = (" (the run stopped before its first checkpoint: run the same command without --resume "
+                    "to start it again)" if ours else "")
+            raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*){hint}")
+    elif out.exists() and any(out.iterdir()):
+        if not ours:
+            raise BertkitError(f"{out} is not empty and holds no pretraining run; choose another --out "
+                               "(nothing in it was changed)")
+        if latest_checkpoint(out) is not None or (out / "model.safetensors").exists():
+            raise BertkitError(f"{out} already holds a training run; pass --resume to continue it "
+                               "or choose another --out")
+        log(f"{out} holds a run that stopped before its first checkpoint: starting it again")
     _barrier(world)  # every rank has checked --out before rank 0 writes into it
     data = out / "data"
     if main:
         out.mkdir(parents=True, exist_ok=True)
+        if ckpt is None:  # first: the folder is a run's from now on (a resume rewrites it once checked)
+            write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
         tok = _prepare_tokenizer(cfg, data, log)
         train_store, eval_store = _prepare_data(cfg, tok, data, log)
-    _barrier(world)  # the other ranks open what rank 0 prepared
+    _barrier(world, long=True)  # the other ranks open what rank 0 prepared
     if not main:
         tok = WordPieceTokenizer.from_folder(data)
         train_store, eval_store = _prepare_data(cfg, tok, data, log)
@@ -489,35 +579,26 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     torch.manual_seed(cfg.seed)  # initial weights, new heads and dropout
     model = _build_model(cfg, tok)
     set_dropout(model, cfg.dropout)
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
     model.to(device)
     if rank:
         torch.manual_seed(cfg.seed + rank)  # other dropout masks on each rank
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     opt = _optimizer(model, cfg)
-    step, position, elapsed0 = 0, Position(), 0.0
+    step, position, elapsed0, lr_scale = 0, Position(), 0.0, 1.0
     if ckpt is not None:
         state = _check_resumable(ckpt, cfg, model)
-        resumed, _ = load_model(ckpt, quiet=True)
-        model.load_state_dict(resumed.state_dict())
-        trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
-        opt.load_state_dict(trainer["optimizer"])
         if state.get("world_size", 1) != world:
             raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
-        torch.set_rng_state(trainer["torch_rng"][rank])
-        if trainer["cuda_rng"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state(trainer["cuda_rng"][rank], device)
+        _restore(ckpt, model, opt, rank, device)
         step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
+        lr_scale = state.get("lr_scale", 1.0)
         log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch}"
             + (f", {elapsed0:.0f} s of the {cfg.budget:.0f} s budget spent)" if cfg.budget else ")"))
     metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
-    if main:
+    if main and ckpt is not None:
         write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
-    net = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    eager = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    net = torch.compile(eager) if cfg.compile else eager
     elapsed = lambda: elapsed0 + time.perf_counter() - clock  # the budget's clock
 
     model.train()
@@ -525,11 +606,18 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     data_iter = _Prefetch(batches.iterate(position))
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
                   nsp_hit=0, pairs=0, compute=0.0, steps=0)
+    # SIGINT (Ctrl-C) and SIGTERM end the run after the current step, with a checkpoint
+    stop_signal: list[int] = []
+    handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
     total = cfg.budget or cfg.steps
     bar = tqdm(total=round(total), initial=round(elapsed0 if cfg.budget else step), unit="s" if cfg.budget else "step",
                disable=not (cfg.progress and main), dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
     last_eval, step_s, eval_s, save_s = None, 0.0, 0.0, 0.0
+    skipped = bad_in_a_row = 0  # steps with a non-finite loss or gradient: not applied
     start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
     if cfg.budget and start_s >= cfg.budget:
         raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
@@ -543,50 +631,82 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 break  # resumed from the final checkpoint
             else:
                 lr = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup, 1)
+            lr *= lr_scale  # halved by each roll-back after non-finite steps
             for group in opt.param_groups:
                 group["lr"] = lr
             position, batch = next(data_iter)
             t0 = time.perf_counter()
             n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
             batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
-            stats = accumulate_gradients(net, batch, n_predictions=n_predictions, grad_accum=cfg.grad_accum,
-                                         world=world, nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id,
-                                         autocast=autocast)
+            grads = dict(n_predictions=n_predictions, grad_accum=cfg.grad_accum, world=world,
+                         nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id, autocast=autocast)
+            try:
+                stats = accumulate_gradients(net, batch, **grads)
+            except Exception as e:  # compilation happens at the first call; its errors come from anywhere
+                if net is eager:
+                    raise
+                log(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                    "continuing without it")
+                net = eager
+                opt.zero_grad(set_to_none=True)
+                stats = accumulate_gradients(net, batch, **grads)
             if world > 1:
                 dist.all_reduce(stats)
                 stats[1] /= world
             mlm, nsp, *counts = stats.tolist()  # the one read-back per step
-            if not math.isfinite(mlm + nsp):
-                raise BertkitError(f"step {step + 1}: the loss is not finite; the last checkpoint under "
-                                   f"{out / 'checkpoints'} is intact: lower --lr and pass --resume")
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            opt.step()
+            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip))
+            finite = math.isfinite(mlm + nsp + norm)  # the same on every rank (reduced loss and gradients)
+            if finite:
+                opt.step()
+                bad_in_a_row = 0
+            else:  # skip the update; after several in a row, return to the last checkpoint at half the lr
+                skipped += 1
+                bad_in_a_row += 1
+                if bad_in_a_row >= MAX_BAD_STEPS:
+                    good = latest_checkpoint(out)
+                    if good is None:
+                        raise BertkitError(f"step {step + 1}: {MAX_BAD_STEPS} steps in a row with a non-finite loss or "
+                                           "gradient and no checkpoint to return to; lower --lr")
+                    state = json.loads((good / "trainer.json").read_text())
+                    _restore(good, model, opt, rank, device)
+                    opt.zero_grad(set_to_none=True)
+                    step, position, lr_scale = state["step"], Position(state["epoch"], state["batch"]), lr_scale / 2
+                    data_iter.close()
+                    data_iter = _Prefetch(batches.iterate(position))
+                    bad_in_a_row = 0
+                    log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
+                    if main:
+                        metrics.write({"step": step, "rolled_back_to": good.name, "lr_scale": lr_scale,
+                                       "skipped_steps": skipped, "elapsed_s": elapsed()})
+                    continue
             opt.zero_grad(set_to_none=True)
             step += 1
             took = time.perf_counter() - t0
             step_s = 0.8 * step_s + 0.2 * took if step_s else took  # smoothed: one slow step must not end a budget early
-            window["loss"] += mlm + cfg.nsp_weight * nsp
-            window["mlm"] += mlm
-            window["nsp"] += nsp
-            for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", "nsp_hit"), counts):
-                window[key] += value
+            if finite:
+                window["loss"] += mlm + cfg.nsp_weight * nsp
+                window["mlm"] += mlm
+                window["nsp"] += nsp
+                for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", "nsp_hit"),
+                                      counts):
+                    window[key] += value
+                window["pairs"] += cfg.batch_size
+                window["steps"] += 1
             window["compute"] += took
-            window["pairs"] += cfg.batch_size
-            window["steps"] += 1
             bar.update(round(elapsed() - bar.n) if cfg.budget else 1)
             # a budgeted run stops when one more step, the final evaluation and the saving would not fit
             last = step >= cfg.steps if cfg.steps else elapsed() + step_s + eval_s + 2 * save_s > cfg.budget
-            if main and (step % cfg.log_every == 0 or last):
+            if main and (step % cfg.log_every == 0 or last) and window["steps"]:
                 s = window["steps"]
                 record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
-                          "nsp_loss": window["nsp"] / s,
+                          "nsp_loss": window["nsp"] / s, "skipped_steps": skipped,
                           # accuracy at [MASK] positions; random and unchanged positions apart
                           "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
                           "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
                           "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"]),
                           "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": lr,
                           "epoch": position.epoch, "elapsed_s": elapsed(),
-                          "pairs_per_s": window["pairs"] / window["compute"]}
+                          "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])}
                 metrics.write(record)
                 bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", acc=f"{record['mlm_acc']:.3f}",
                                 nsp=f"{record['nsp_loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
@@ -597,7 +717,12 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                              "elapsed_s": elapsed()}
                 metrics.write(last_eval)
                 eval_s = time.perf_counter() - t_eval
-            if (cfg.save_every and step % cfg.save_every == 0) or last:
+            interrupted = bool(stop_signal)
+            if world > 1:  # every rank stops at the same step, whichever got the signal
+                flag = torch.tensor([float(interrupted)], device=device)
+                dist.all_reduce(flag)
+                interrupted = flag.item() > 0
+            if (cfg.save_every and step % cfg.save_every == 0) or last or interrupted:
                 rng = [torch.get_rng_state()] * world
                 cuda_rng = [torch.cuda.get_rng_state(device)] * world if device.type == "cuda" else []
                 if world > 1:  # every rank's RNG, for an exact resume
@@ -606,9 +731,14 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                         dist.all_gather_object(cuda_rng, torch.cuda.get_rng_state(device))
                 if main:
                     t_save = time.perf_counter()
-                    _save_checkpoint(out, step, model, opt, position, cfg, elapsed(), start_s, rng, cuda_rng, world)
+                    _save_checkpoint(out, step, model, opt, position, cfg, elapsed(), start_s, lr_scale, rng,
+                                     cuda_rng, world)
                     save_s = time.perf_counter() - t_save
                 _barrier(world)
+            if interrupted:
+                raise Interrupted(f"stopped by {signal.Signals(stop_signal[0] if stop_signal else signal.SIGTERM).name} "
+                                  f"at step {step}; the checkpoint is saved: continue with --resume --out {out}",
+                                  stop_signal[0] if stop_signal else signal.SIGTERM)
             if on_step is not None:
                 on_step(step, model)
             if last:
@@ -616,6 +746,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     finally:
         data_iter.close()
         bar.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
     if not main:
         return None
 
@@ -638,6 +770,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         "final_train": train_records[-1] if train_records else None,
         "final_eval": last_eval,
         "pairs_per_s": sum(r["pairs_per_s"] for r in timed) / max(1, len(timed)),
+        "skipped_steps": skipped,
         "budget_s": cfg.budget,
         "elapsed_s": elapsed(),
         "device": str(device), "config": dataclasses.asdict(cfg),
