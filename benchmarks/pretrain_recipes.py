@@ -67,26 +67,43 @@ def run(name: str, args: list[str], data: Path, work: Path, budget: str, budget_
     evals = [r for r in records if "eval_mlm_acc" in r]
     return {"args": args, "steps": summary["steps"], "pairs_per_s": summary["pairs_per_s"],
             "pairs_seen": summary["pairs_seen"], "elapsed_s": summary["elapsed_s"], "final": evals[-1],
-            "curve": [(r["elapsed_s"], r["eval_mlm_acc"]) for r in evals]}
+            "curve": [(r["elapsed_s"], r["eval_mlm_acc"], r["eval_mlm_loss"], r["eval_mlm_top5"]) for r in evals]}
 
 
 def plot(results: dict, path: Path, budget: str) -> None:
+    """Held-out accuracy at [MASK] and held-out MLM loss against wall time, one line per recipe."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    fig, (acc, loss) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, r in results.items():
-        xs, ys = zip(*r["curve"])
-        ax.plot([x / 60 for x in xs], [100 * y for y in ys], label=name,
-                linewidth=2.5 if name in ("fast", "textbook") else 1.2)
-    ax.set_xlabel("wall time (minutes, 2 CPU cores)")
-    ax.set_ylabel("held-out accuracy at [MASK] (%)")
-    ax.set_title(f"tiny BERT on the Wikipedia sample, {budget} per recipe")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+        points = list(zip(*r["curve"]))
+        minutes = [t / 60 for t in points[0]]
+        width = 2.5 if name in ("fast", "textbook") else 1.2
+        acc.plot(minutes, [100 * a for a in points[1]], label=name, linewidth=width)
+        if len(points) > 2:
+            loss.plot(minutes, points[2], label=name, linewidth=width)
+    acc.set_ylabel("held-out accuracy at [MASK] (%)")
+    loss.set_ylabel("held-out MLM loss (nats)")
+    for ax in (acc, loss):
+        ax.set_xlabel("wall time (minutes, 2 CPU cores)")
+        ax.grid(alpha=0.3)
+    loss.legend(fontsize=8)
+    fig.suptitle(f"tiny BERT on the Wikipedia sample, {budget} per recipe")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def from_runs(work: Path, results: dict) -> dict:
+    """Curves re-read from the run folders (metrics.jsonl), for a plot without rerunning."""
+    for name in results:
+        path = work / name.replace(" ", "_").replace(",", "") / "metrics.jsonl"
+        if path.exists():
+            evals = [json.loads(line) for line in path.read_text().splitlines() if "eval_mlm_acc" in line]
+            results[name]["curve"] = [(r["elapsed_s"], r["eval_mlm_acc"], r["eval_mlm_loss"], r["eval_mlm_top5"])
+                                      for r in evals]
+    return results
 
 
 def main():
@@ -96,7 +113,14 @@ def main():
     ap.add_argument("--only", help="comma-separated recipe names")
     ap.add_argument("--work", default="runs/recipes")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the runs under --work")
     args = ap.parse_args()
+    if args.plot_only:
+        saved = json.loads((Path(args.out) / "pretrain_recipes.json").read_text())
+        saved["recipes"] = from_runs(Path(args.work), saved["recipes"])
+        (Path(args.out) / "pretrain_recipes.json").write_text(json.dumps(saved, indent=2) + "\n")
+        plot(saved["recipes"], Path("docs/pretrain-recipes.png"), saved["budget"])
+        return
     names = args.only.split(",") if args.only else list(RECIPES)
     work = Path(args.work)
     data = prepare(work)

@@ -288,7 +288,7 @@ def test_lr_factor_follows_the_elapsed_share_of_a_budget():
 
 
 def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_clock(tmp_path, wiki_excerpt, vocab):
-    budget = 12.0
+    budget = 16.0
     cfg = dict(vocab=str(vocab), steps=None, budget=f"{budget}s", save_every=5, eval_every=1000, warmup=0.2)
     out = tmp_path / "b"
     summary = pretrain(_cfg(wiki_excerpt, out, **cfg))
