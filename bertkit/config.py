@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +64,40 @@ class BertConfig:
                 or not 0 <= self.pad_token_id < self.vocab_size):
             raise BertkitError(f"config field pad_token_id must be an integer in [0, vocab_size "
                                f"{self.vocab_size}), got {self.pad_token_id!r}")
+        # last: a size of 10^6 to 10^9 would otherwise be found by a failed allocation, after
+        # tens of seconds and gigabytes; refused here, before any tensor exists
+        self.check_fits_in_memory()
+
+    def parameter_count(self, heads: bool = True) -> int:
+        """Parameters of BertForPreTraining (heads=True; the MLM decoder is tied to the word
+        embeddings, so only its bias counts) or of BertModel (heads=False), from the sizes alone."""
+        V, H, I = self.vocab_size, self.hidden_size, self.intermediate_size
+        embeddings = (V + self.max_position_embeddings + self.type_vocab_size) * H + 2 * H  # + LayerNorm
+        layer = (3 * H * H + 3 * H      # fused query/key/value
+                 + H * H + H            # attention output
+                 + 2 * H                # LayerNorm
+                 + H * I + I            # feed-forward in
+                 + I * H + H            # feed-forward out
+                 + 2 * H)               # LayerNorm
+        pooler = H * H + H
+        count = embeddings + self.num_hidden_layers * layer + pooler
+        if heads:
+            count += (H * H + H) + 2 * H + V   # MLM transform, its LayerNorm, decoder bias
+            count += 2 * H + 2                 # NSP classifier
+        return count
+
+    def check_fits_in_memory(self, bytes_per_parameter: int = 4) -> None:
+        """Refuse sizes whose fp32 parameters alone exceed this machine's memory."""
+        count = self.parameter_count()
+        need = count * bytes_per_parameter
+        have = memory_bytes()
+        if have is None or need <= have:
+            return
+        sizes = ", ".join(f"{name} {getattr(self, name)}" for name in (
+            "vocab_size", "hidden_size", "num_hidden_layers", "intermediate_size", "max_position_embeddings",
+            "type_vocab_size"))
+        raise BertkitError(f"config ({sizes}): {count:.1e} parameters need {_gb(need)} GB in fp32; "
+                           f"this machine has {_gb(have)} GB")
 
     @property
     def head_size(self) -> int:
@@ -103,7 +138,7 @@ class BertConfig:
             raise BertkitError(f"{path}: no such file") from None
         except OSError as e:  # unreadable, a folder
             raise BertkitError(f"{path}: cannot read the file ({e.strerror or e})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # bad syntax or bytes, a 5,000-digit integer, deep nesting
             raise BertkitError(f"{path}: not valid JSON ({e})") from None
         if not isinstance(d, dict):
             raise BertkitError(f"{path}: expected a JSON object")
@@ -114,6 +149,29 @@ class BertConfig:
         d.update(model_type="bert", architectures=[architecture],
                  position_embedding_type="absolute", tie_word_embeddings=True)
         return d
+
+
+def _gb(n: int) -> str:
+    gb = n / 1e9
+    return f"{gb:,.0f}" if gb >= 10 else f"{gb:.2g}"
+
+
+def memory_bytes() -> int | None:
+    """This machine's memory: physical RAM, or a smaller container (cgroup) limit; None if unknown."""
+    sizes = []
+    try:
+        sizes.append(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        pass
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            value = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit() and 0 < int(value) < 1 << 60:  # "max" or a huge number: no limit
+            sizes.append(int(value))
+    sizes = [n for n in sizes if n > 0]
+    return min(sizes) if sizes else None
 
 
 # Google's BERT miniatures (Turc et al. 2019) name tiny/mini/small; base and large are the paper's.

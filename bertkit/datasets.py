@@ -669,7 +669,10 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
         return
     if suffix not in (".csv", ".tsv"):
         raise BertkitError(f"{path}: expected a .csv, .tsv or .jsonl file")
-    reader = csv.reader(io.StringIO(read_text(path).removeprefix("\ufeff"), newline=""), delimiter="\t" if suffix == ".tsv" else ",")
+    # strict: a file that ends inside a quoted field (cut short) is an error, not a last row
+    # holding half its value; so is text after a closing quote (`"abc"def`)
+    reader = csv.reader(io.StringIO(read_text(path).removeprefix("\ufeff"), newline=""),
+                        delimiter="\t" if suffix == ".tsv" else ",", strict=True)
     header, end = None, 0
     while True:
         start = end + 1
@@ -678,7 +681,9 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
         except StopIteration:
             break
         except csv.Error as e:
-            raise BertkitError(f"{path}, line {reader.line_num}: malformed {suffix[1:].upper()} ({e})") from None
+            why = (f"{e}: the file ends inside a quoted field (a quote not closed, or the file is cut short)"
+                   if "unexpected end of data" in str(e) else str(e))
+            raise BertkitError(f"{path}, line {reader.line_num}: malformed {suffix[1:].upper()} ({why})") from None
         end = reader.line_num
         if not fields or fields == [""]:
             continue  # a blank line is no row
@@ -687,9 +692,11 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
             if all(c in columns for c in required):
                 header = columns
                 continue
-            if headerless is None or len(fields) != len(headerless):
+            # a first row naming a column is a header, even a broken one (`text,wor` of a file cut
+            # short): never a row of data
+            if headerless is None or len(fields) != len(headerless) or any(c in required for c in columns):
                 raise BertkitError(f"{path}, line {start}: the header needs columns {', '.join(required)}; "
-                                   f"it has {', '.join(columns)}")
+                                   f"it has {', '.join(c if c.isprintable() else repr(c) for c in columns)}")
             header = list(headerless)
         if len(fields) != len(header):
             raise BertkitError(f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), "

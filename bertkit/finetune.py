@@ -20,7 +20,7 @@ from tqdm import tqdm
 from .checkpoint import load_config, load_model, load_tokenizer, save_model
 from .encode import folder_pooling, precision_context
 from .errors import BertkitError
-from .inputs import read_text
+from .inputs import parse_json, read_text
 from .model import init_weights
 from .optim import adamw, warmup_linear
 from .outputs import check_output_folder
@@ -71,6 +71,19 @@ class FinetuneConfig:
                 raise BertkitError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
 
 
+# this many non-finite steps in a row stop the run: the model diverged, skipping will not help
+MAX_SKIPPED_IN_A_ROW = 5
+
+
+def _json_number(value):
+    """NaN and infinities as None (JSON has no NaN); every other value unchanged."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a numpy / torch scalar
+        return _json_number(value.item())
+    return value
+
+
 def check_max_len(max_len: int, cfg, option: str = "--max-len") -> int:
     """A sequence length the model can take: at least 1, at most its position embeddings."""
     limit = cfg.max_position_embeddings
@@ -100,10 +113,7 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     info_path = folder / "bertkit.json"
     if not info_path.is_file():
         raise BertkitError(f"{folder}: no bertkit.json: not a fine-tuned bertkit model (run `bertkit finetune`)")
-    try:
-        info = json.loads(read_text(info_path))
-    except json.JSONDecodeError as e:
-        raise BertkitError(f"{info_path}: not valid JSON ({e})") from None
+    info = parse_json(read_text(info_path), str(info_path))
     if not isinstance(info, dict):
         raise BertkitError(f"{info_path}: expected a JSON object")
     name = info.pop("task", None)
@@ -227,7 +237,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
     metrics_log = MetricsLog(out)
     write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
 
-    step, best, best_epoch, stale = 0, -math.inf, 0, 0
+    step, best, best_epoch, stale = 0, None, 0, 0
+    skipped, skipped_in_a_row = 0, 0
     history = []
     t_start = time.perf_counter()
     window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
@@ -240,37 +251,55 @@ def finetune(cfg: FinetuneConfig) -> dict:
             t0 = time.perf_counter()
             with autocast:
                 loss, _ = task.forward(model, batch)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-            opt.step()
-            sched.step()
-            opt.zero_grad(set_to_none=True)
             step += 1
-            loss = loss.item()
-            if not math.isfinite(loss):
-                raise BertkitError(f"step {step}: the loss is not finite; lower --lr")
-            window["loss"] += loss
-            window["n"] += 1
-            window["examples"] += len(batch["input_ids"])
-            window["compute"] += time.perf_counter() - t0
             bar.update(1)
-            if step % cfg.log_every == 0 or step == total:
+            # checked before opt.step: a NaN/inf loss or gradient never reaches the weights (nor
+            # AdamW's moments); such a step is skipped, and a run of them stops the run
+            loss = loss.float()
+            finite = bool(torch.isfinite(loss))
+            if finite:
+                loss.backward()
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+                finite = bool(torch.isfinite(grad_norm))
+            if finite:
+                skipped_in_a_row = 0
+                opt.step()
+                sched.step()
+                window["loss"] += loss.item()
+                window["n"] += 1
+                window["examples"] += len(batch["input_ids"])
+                window["compute"] += time.perf_counter() - t0
+            else:
+                skipped += 1
+                skipped_in_a_row += 1
+                log(f"step {step}: the loss or gradient norm is not finite; step skipped ({skipped} so far)")
+                if skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+                    raise BertkitError(
+                        f"step {step}: {skipped_in_a_row} steps in a row had a non-finite loss or gradient "
+                        f"({skipped} skipped in all): training diverged; lower --lr (it is {cfg.lr:g}; "
+                        f"try {cfg.lr / 10:g})")
+            opt.zero_grad(set_to_none=True)
+            # a window of only skipped steps has no loss to log: it is logged with the next window
+            if (step % cfg.log_every == 0 or step == total) and window["n"]:
                 rec = {"step": step, "epoch": epoch, "loss": window["loss"] / window["n"], "lr": sched.get_last_lr()[0],
                        "elapsed_s": time.perf_counter() - t_start,
-                       "pairs_per_s": window["examples"] / window["compute"]}
+                       "pairs_per_s": window["examples"] / window["compute"], "skipped_steps": skipped}
                 metrics_log.write(rec)
                 bar.set_postfix(loss=f"{rec['loss']:.4f}")
                 window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
         # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
         preds, eval_loss = run_task(task, model, eval_feats, eval_ex, tok, cfg.eval_batch_size)
-        scores = task.metrics(preds, eval_ex)
+        scores = {k: _json_number(v) for k, v in task.metrics(preds, eval_ex).items()}
+        eval_loss = _json_number(eval_loss)
         rec = {"step": step, "epoch": epoch, "eval_loss": eval_loss,
-               **{f"eval_{k}": v for k, v in scores.items() if isinstance(v, (int, float))}}
+               **{f"eval_{k}": v for k, v in scores.items() if v is None or isinstance(v, (int, float))}}
         metrics_log.write(rec)
         history.append({"epoch": epoch, **scores, "eval_loss": eval_loss})
-        score = scores[task.primary_metric]
-        log(f"epoch {epoch}: {task.primary_metric} {score:.4f}" + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
-        if score > best:
+        score = scores[task.primary_metric]  # None: the metric was NaN or infinite
+        log(f"epoch {epoch}: {task.primary_metric} " + (f"{score:.4f}" if score is not None else "NaN")
+            + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
+        # a NaN metric is worse than any number: it never replaces a saved model
+        if score is not None and (best is None or score > best):
             best, best_epoch, stale = score, epoch, 0
             save_task_model(model, task, tok, out)
         else:
@@ -279,16 +308,26 @@ def finetune(cfg: FinetuneConfig) -> dict:
                 log(f"no improvement for {stale} epoch(s): stopping early")
                 break
     bar.close()
+    note = None
+    if best_epoch == 0:
+        # no epoch had a number to compare: the run still ends as a model folder (the last model)
+        best_epoch = len(history)
+        save_task_model(model, task, tok, out)
+        note = (f"the evaluation {task.primary_metric} was not a number (NaN) after every epoch; "
+                f"saved the last epoch's model (epoch {best_epoch})")
+        log(note)
     records = metrics_log.records()
     plot_losses(records, out / "loss.png", [("loss", "train"), ("eval_loss", "eval")],
                 f"fine-tuning {cfg.task} from {Path(cfg.model).name}")
     summary = {"task": cfg.task, "best_epoch": best_epoch, f"best_{task.primary_metric}": best,
                "best_metrics": history[best_epoch - 1], "epochs_run": len(history), "history": history,
                "train_examples": len(train_ex), "eval_examples": len(eval_ex), "steps": step,
-               "train_s": time.perf_counter() - t_start,
+               "skipped_steps": skipped, "train_s": time.perf_counter() - t_start,
                "pairs_per_s": sum(r.get("pairs_per_s", 0) for r in records if "pairs_per_s" in r)
                / max(1, sum(1 for r in records if "pairs_per_s" in r)),
                "device": str(device), "config": dataclasses.asdict(cfg)}
+    if note:
+        summary["note"] = note
     write_json(out / "summary.json", summary)
     metrics_log.close()
     return summary

@@ -37,8 +37,10 @@ def _utf16_without_bom(data: bytes) -> bool:
     head = data[:2000]
     if len(head) < 4 or b"\0" not in head:
         return False
-    for zeros in (head[0::2], head[1::2]):
-        if zeros.count(0) > 0.9 * len(zeros):
+    even, odd = head[0::2], head[1::2]
+    for zeros, chars in ((even, odd), (odd, even)):
+        # and the other half mostly characters: a run of NULs alone is binary, not UTF-16
+        if zeros.count(0) > 0.9 * len(zeros) and chars.count(0) < 0.5 * len(chars):
             return True
     return False
 
@@ -49,16 +51,16 @@ def decode_text(path: str | Path, data: bytes) -> str:
         if data.startswith(bom):
             raise BertkitError(f"{path}: the file is {name} text (it starts with the byte-order mark "
                                f"0x{bom.hex()}); save it as UTF-8")
+    # before decoding: UTF-16 of non-ASCII text is seldom valid UTF-8, and is still UTF-16
+    if _utf16_without_bom(data):
+        raise BertkitError(f"{path}: the file looks like UTF-16 text without a byte-order mark (every other "
+                           "byte is NUL); save it as UTF-8")
     try:
-        text = data.decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         line = data.count(b"\n", 0, e.start) + 1
         raise BertkitError(f"{path}: not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset "
                            f"{e.start} (line {line}) is invalid") from None
-    if _utf16_without_bom(data):
-        raise BertkitError(f"{path}: the file looks like UTF-16 text without a byte-order mark (every other "
-                           "byte is NUL); save it as UTF-8")
-    return text
 
 
 def read_text(path: str | Path) -> str:
@@ -77,15 +79,26 @@ def read_lines(path: str | Path) -> list[str]:
     return lines(read_text(path).removeprefix("\ufeff"))
 
 
+def parse_json(text: str, where: str):
+    """`text` as JSON; anything json.loads refuses (bad syntax, an integer of more than 4,300
+    digits, nesting deeper than the recursion limit) is one line naming `where` (file, line)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        at = f" at line {e.lineno}, column {e.colno}" if "\n" in text else f" at column {e.colno}"
+        raise BertkitError(f"{where}: not valid JSON ({e.msg}{at})") from None
+    except ValueError as e:  # int('9' * 5000): Python refuses such integers
+        raise BertkitError(f"{where}: not valid JSON ({e})") from None
+    except RecursionError:
+        raise BertkitError(f"{where}: not valid JSON (nested too deeply)") from None
+
+
 def jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line number, object) for each non-blank line of a JSONL file."""
     for lineno, line in enumerate(read_lines(path), 1):
         if not line.strip():
             continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise BertkitError(f"{path}, line {lineno}: not valid JSON ({e.msg})") from None
+        row = parse_json(line, f"{path}, line {lineno}")
         if not isinstance(row, dict):
             raise BertkitError(f"{path}, line {lineno}: expected a JSON object, found {type(row).__name__}")
         yield lineno, row

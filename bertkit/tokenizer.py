@@ -135,11 +135,8 @@ class WordPieceTokenizer:
         lowercase = None
         config = folder / "tokenizer_config.json"
         if config.is_file():
-            from .inputs import read_text
-            try:
-                settings = json.loads(read_text(config))
-            except json.JSONDecodeError as e:
-                raise BertkitError(f"{config}: not valid JSON ({e})") from None
+            from .inputs import parse_json, read_text
+            settings = parse_json(read_text(config), str(config))
             if isinstance(settings, dict) and settings.get("do_lower_case") is not None:
                 lowercase = bool(settings["do_lower_case"])
         if (folder / "tokenizer.json").is_file():

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import BertkitError
-from ..inputs import decode_text, read_bytes
+from ..inputs import _utf16_without_bom, decode_text, read_bytes
 
 Document = list[str]
 
@@ -56,6 +56,30 @@ def _chunks(paragraph: str, size: int = MAX_CHUNK_CHARS) -> Iterator[str]:
     yield paragraph[start:]
 
 
+def _squeeze(text: str) -> str:
+    return "".join(text.split())
+
+
+def _faithful(chunk: str, sentences: list[str]) -> list[str]:
+    """pysbd's sentences as the text of `chunk` itself. pysbd stands placeholder characters in
+    for punctuation it protects ("∯" for a period that ends no sentence, "&ᓴ&" for "!", "ȸ" ...)
+    and turns them back on the way out, so a text that holds such a character comes back changed
+    ("∯" as "."). Then each sentence is cut from the chunk by its count of non-space characters:
+    the boundaries stay pysbd's, the text is the input's."""
+    if _squeeze("".join(sentences)) == _squeeze(chunk):
+        return sentences
+    positions = [i for i, c in enumerate(chunk) if not c.isspace()]
+    out, k = [], 0
+    for j, sentence in enumerate(sentences):
+        end = len(positions) if j == len(sentences) - 1 else min(k + len(_squeeze(sentence)), len(positions))
+        if end > k:
+            out.append(chunk[positions[k]:positions[end - 1] + 1])
+        k = end
+    if k < len(positions):  # no sentences at all
+        out.append(chunk[positions[k]:positions[-1] + 1])
+    return out
+
+
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text`; every line is a paragraph of its own."""
     seg = _segmenter()
@@ -67,7 +91,8 @@ def split_sentences(text: str) -> list[str]:
             for chunk in _chunks(paragraph, MAX_CHUNK_CHARS):
                 # The processor is what segment() runs; segment() then maps every sentence back
                 # to the text with a fresh regex each (a third of the time) for spans we drop.
-                sentences.extend(s.strip() for s in seg.processor(chunk).process() if s.strip())
+                found = [s.strip() for s in seg.processor(chunk).process() if s.strip()]
+                sentences.extend(_faithful(chunk, found))
     return sentences
 
 
@@ -78,8 +103,8 @@ def _read(path: Path) -> str:
         text = decode_text(path, data)
     except BertkitError:
         nul = data.find(b"\0")
-        if nul < 0 or data.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise
+        if nul < 0 or data.startswith((b"\xff\xfe", b"\xfe\xff")) or _utf16_without_bom(data):
+            raise  # UTF-16 is named as such, not as binary
         raise BertkitError(f"{path}: looks binary: NUL byte at byte offset {nul}") from None
     nul = text.find("\0")
     if nul >= 0:  # NUL is valid UTF-8, but no text file holds one

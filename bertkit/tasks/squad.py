@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from ..errors import BertkitError
-from ..inputs import read_text
+from ..inputs import parse_json, read_text
 from ..tokenizer import WordPieceTokenizer
 
 
@@ -40,10 +40,7 @@ _KINDS = {str: "a string", int: "an integer", list: "a list", dict: "an object",
 def read_squad(path: str | Path) -> list[QAExample]:
     """All questions of a SQuAD v1.1 / v2.0 JSON file, every answer checked against its context."""
     path = Path(path)
-    try:
-        doc = json.loads(read_text(path))
-    except json.JSONDecodeError as e:
-        raise BertkitError(f"{path}: not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}") from None
+    doc = parse_json(read_text(path), str(path))
 
     def get(obj, key, where, kind, default=...):
         if not isinstance(obj, dict):
