@@ -624,9 +624,10 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     try:
         while True:
             if cfg.budget:
-                # the schedule spans the budget left after the first run's data preparation
-                lr = cfg.lr * lr_factor(elapsed() - start_s, cfg.budget - start_s, cfg.warmup,
-                                        step_s or cfg.budget / 1000)
+                # the schedule spans the budget after the first run's data preparation and before the
+                # closing work (the final evaluation and saves), so the lr reaches 0 as training ends
+                end = cfg.budget - eval_s - 2 * save_s
+                lr = cfg.lr * lr_factor(elapsed() - start_s, end - start_s, cfg.warmup, step_s or cfg.budget / 1000)
             elif step >= cfg.steps:
                 break  # resumed from the final checkpoint
             else:
@@ -695,7 +696,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             window["compute"] += took
             bar.update(round(elapsed() - bar.n) if cfg.budget else 1)
             # a budgeted run stops when one more step, the final evaluation and the saving would not fit
-            last = step >= cfg.steps if cfg.steps else elapsed() + step_s + eval_s + 2 * save_s > cfg.budget
+            last = step >= cfg.steps if cfg.steps else elapsed() + step_s > cfg.budget - eval_s - 2 * save_s
             if main and (step % cfg.log_every == 0 or last) and window["steps"]:
                 s = window["steps"]
                 record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
