@@ -432,6 +432,11 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, wiki_excerpt)
     with pytest.raises(BertkitError, match="is not empty and holds no pretraining run"):
         pretrain(_cfg(wiki_excerpt, out))
     assert [p.name for p in out.iterdir()] == ["config.json"]
+    with pytest.raises(BertkitError, match="--out /proc/bertkit-run: cannot write in /proc"):
+        pretrain(_cfg(wiki_excerpt, "/proc/bertkit-run"))  # before any data preparation
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(BertkitError, match="is a file, not a folder"):
+        pretrain(_cfg(wiki_excerpt, tmp_path / "a-file" / "run"))
     with pytest.raises(BertkitError, match="keep_checkpoints must be at least 1"):
         _cfg(wiki_excerpt, tmp_path / "x", keep_checkpoints=0)
 

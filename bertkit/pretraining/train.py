@@ -33,6 +33,7 @@ from ..config import PRESETS, BertConfig
 from ..errors import BertkitError, Interrupted
 from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
+from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
 from ..training_log import MetricsLog, plot_losses, write_json
 from .batches import Position, PretrainingBatches
@@ -548,7 +549,10 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         if latest_checkpoint(out) is not None or (out / "model.safetensors").exists():
             raise BertkitError(f"{out} already holds a training run; pass --resume to continue it "
                                "or choose another --out")
-        log(f"{out} holds a run that stopped before its first checkpoint: starting it again")
+        log(f"{out} holds a run that stopped before its first checkpoint or only prepared data: "
+            "starting training from the beginning")
+    if main:
+        check_output_folder(out, overwrite=True)  # writable? (what it holds was checked above)
     _barrier(world)  # every rank has checked --out before rank 0 writes into it
     data = out / "data"
     if main:
