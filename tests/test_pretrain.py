@@ -526,3 +526,35 @@ def test_non_finite_steps_are_skipped_then_rolled_back_at_half_the_lr(tmp_path, 
     peak = summary["config"]["lr"]
     assert after[0]["lr"] == pytest.approx(peak * 0.5 * lr_factor(8, 12, 0.0, 1))
     assert json.loads((out / "checkpoints" / "step_0000012" / "trainer.json").read_text())["lr_scale"] == 0.5
+
+
+_RANKS_DISAGREE = r'''
+import os, sys, time
+if os.environ["RANK"] == "1":  # rank 1's clock reads another second: its default --out differs
+    real = time.strftime
+    time.strftime = lambda fmt, *a: real(fmt.replace("%S", "%S-rank1"), *a)
+from bertkit.cli import main
+sys.exit(main(sys.argv[1:]))
+'''
+
+
+def test_torchrun_ranks_share_rank_0s_default_out(tmp_path, wiki_excerpt, vocab):
+    """Without --out each rank would name its own time-stamped folder; all use rank 0's."""
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "disagree.py"
+    script.write_text(_RANKS_DISAGREE)
+    work = tmp_path / "cwd"
+    work.mkdir()
+    args = [a for a in _cli_args(wiki_excerpt, vocab, "unused", 2)]
+    i = args.index("--out")
+    del args[i:i + 2]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), "pretrain", *args], capture_output=True, text=True, env=env, timeout=300,
+                         cwd=work)
+    assert run.returncode == 0, run.stderr[-3000:]
+    runs = list((work / "runs").iterdir())
+    assert len(runs) == 1 and "rank1" not in runs[0].name, runs
+    assert (runs[0] / "model.safetensors").is_file()
