@@ -41,3 +41,17 @@ def wiki_excerpt(tmp_path_factory):
     docs = list(islice(wiki_documents(), 12))
     path.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n")
     return path
+
+
+def save_tiny_bert(folder, minilm_folder, **overrides):
+    """A 2-layer, 32-wide random BERT with MiniLM's real uncased vocabulary, saved as a model
+    folder: seconds to fine-tune or encode with."""
+    from bertkit import BertModel, save_model
+    from bertkit.model import init_weights
+    from bertkit.tokenizer import WordPieceTokenizer
+    cfg = hf_tester_config(**{"vocab_size": 30522, "max_position_embeddings": 512, **overrides})
+    torch.manual_seed(0)
+    model = BertModel(cfg)
+    init_weights(model, cfg)
+    save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
+    return folder

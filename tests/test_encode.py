@@ -226,14 +226,19 @@ def _broken_copy(minilm_folder, folder, **config):
     return folder
 
 
-def test_cli_encode_refuses_a_config_that_computes_nan(tmp_path, minilm_folder, capsys):
-    # layer_norm_eps -1 once wrote all-NaN vectors and exited 0
-    folder = _broken_copy(minilm_folder, tmp_path / "broken", layer_norm_eps=-1)
+def _encode_fails(folder, tmp_path, capsys):
+    """`bertkit encode` of SENTENCES with the model in `folder`: exit code 2; (stderr, output path)."""
     txt = tmp_path / "in.txt"
     txt.write_text("\n".join(SENTENCES) + "\n")
     out = tmp_path / "vec.npy"
     assert main(["encode", "--model", str(folder), "--input", str(txt), "--output", str(out)]) == 2
-    err = capsys.readouterr().err
+    return capsys.readouterr().err, out
+
+
+def test_cli_encode_refuses_a_config_that_computes_nan(tmp_path, minilm_folder, capsys):
+    # layer_norm_eps -1 once wrote all-NaN vectors and exited 0
+    folder = _broken_copy(minilm_folder, tmp_path / "broken", layer_norm_eps=-1)
+    err, out = _encode_fails(folder, tmp_path, capsys)
     assert err.count("\n") == 1 and "layer_norm_eps must be a positive finite number, got -1" in err
     assert not out.exists()
 
@@ -258,10 +263,6 @@ def test_non_finite_vectors_are_an_error_not_a_result(tmp_path, minilm_folder, c
     tensors[name][crane] = float("nan")
     safetensors.torch.save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     load_model(folder, heads=False)  # the folder itself loads
-    txt = tmp_path / "in.txt"
-    txt.write_text("\n".join(SENTENCES) + "\n")
-    out = tmp_path / "vec.npy"
-    assert main(["encode", "--model", str(folder), "--input", str(txt), "--output", str(out)]) == 2
-    err = capsys.readouterr().err
+    err, out = _encode_fails(folder, tmp_path, capsys)
     assert err.count("\n") == 1 and "2 of 5 output row(s) are not finite" in err
     assert not out.exists()

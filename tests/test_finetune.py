@@ -4,23 +4,17 @@ import json
 import pytest
 import torch
 
-from bertkit import BertModel, save_model
+from bertkit import BertModel
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
-from conftest import hf_tester_config
+from conftest import hf_tester_config, save_tiny_bert
 
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory, minilm_folder):
     """A 2-layer, 32-wide random BERT with the real uncased vocabulary: seconds to fine-tune."""
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    cfg = hf_tester_config(vocab_size=30522, max_position_embeddings=512)
-    torch.manual_seed(0)
-    model = BertModel(cfg)
-    init_weights(model, cfg)
-    save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
-    return folder
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
 
 
 def _run(capsys, *argv):

@@ -5,7 +5,6 @@ import math
 import time
 
 import pytest
-import torch
 
 from bertkit.errors import BertkitError
 
@@ -143,17 +142,8 @@ def test_task_options_are_checked_and_listed():
 # ---- a vocabulary larger than the model; fill-mask past the limit ----------------------------
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory, minilm_folder):
-    from bertkit import BertModel, save_model
-    from bertkit.model import init_weights
-    from bertkit.tokenizer import WordPieceTokenizer
-    from conftest import hf_tester_config
-    folder = tmp_path_factory.mktemp("tiny")
-    cfg = hf_tester_config(vocab_size=30522, max_position_embeddings=16)
-    torch.manual_seed(0)
-    model = BertModel(cfg)
-    init_weights(model, cfg)
-    save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
-    return folder
+    from conftest import save_tiny_bert
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder, max_position_embeddings=16)
 
 
 def test_vocabulary_larger_than_the_embeddings_is_refused(tiny_folder, tmp_path):

@@ -31,6 +31,14 @@ class Stop(Exception):
     pass
 
 
+def _stop_at(n):
+    """An on_step callback that stops a run right after step n (and its checkpoint, if any)."""
+    def stop(step, model):
+        if step == n:
+            raise Stop
+    return stop
+
+
 def _lines(out):
     keep = lambda r: {k: v for k, v in r.items() if k not in ("elapsed_s", "pairs_per_s")}
     return [keep(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -38,12 +46,8 @@ def _lines(out):
 
 def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path, wiki_excerpt, vocab):
     straight = pretrain(_cfg(wiki_excerpt, tmp_path / "a", vocab=str(vocab)))
-
-    def stop_at_3(step, model):
-        if step == 3:
-            raise Stop
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab)), on_step=stop_at_3)
+        pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab)), on_step=_stop_at(3))
     assert not (tmp_path / "b" / "model.safetensors").exists()
     resumed = pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), resume=True))
     a = load_file(str(tmp_path / "a" / "model.safetensors"))
@@ -303,12 +307,8 @@ def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_cloc
 
     # stop part-way; the resumed run continues the same clock and schedule, not a new budget
     out2 = tmp_path / "r"
-
-    def stop(step, model):
-        if step == 10:
-            raise Stop
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out2, **cfg), on_step=stop)
+        pretrain(_cfg(wiki_excerpt, out2, **cfg), on_step=_stop_at(10))
     state = json.loads((out2 / "checkpoints" / "step_0000010" / "trainer.json").read_text())
     saved, start = state["elapsed_s"], state["start_s"]
     resumed = pretrain(_cfg(wiki_excerpt, out2, **cfg, resume=True))
@@ -411,12 +411,8 @@ def test_a_signal_saves_a_checkpoint_and_exits_with_one_line(tmp_path, wiki_exce
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_excerpt, vocab, capsys):
     out = tmp_path / "run"
-
-    def stop_at_2(step, model):
-        if step == 2:
-            raise Stop
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5), on_step=stop_at_2)
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5), on_step=_stop_at(2))
     assert (out / "metrics.jsonl").exists() and not list((out / "checkpoints").glob("step_*"))
     with pytest.raises(BertkitError, match="stopped before its first checkpoint: run the same command without --resume"):
         pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5, resume=True))
@@ -446,12 +442,8 @@ def test_a_damaged_checkpoint_is_reported_and_the_one_before_it_used(tmp_path, w
     straight = tmp_path / "a"
     pretrain(_cfg(wiki_excerpt, straight, vocab=str(vocab), steps=9))
     out = tmp_path / "b"
-
-    def stop_at_6(step, model):
-        if step == 6:
-            raise Stop
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=9), on_step=stop_at_6)
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=9), on_step=_stop_at(6))
     newest = out / "checkpoints" / "step_0000006"
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])  # a torn write
@@ -539,7 +531,8 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_torchrun_ranks_share_rank_0s_default_out(tmp_path, wiki_excerpt, vocab):
-    """Without --out each rank would name its own time-stamped folder; all use rank 0's."""
+    """Without --out each rank would name its own time-stamped folder; all use rank 0's. Run on a
+    budget, the ranks also agree on when to stop (or one would wait forever for the other)."""
     import os
     import subprocess
     import sys
@@ -547,9 +540,10 @@ def test_torchrun_ranks_share_rank_0s_default_out(tmp_path, wiki_excerpt, vocab)
     script.write_text(_RANKS_DISAGREE)
     work = tmp_path / "cwd"
     work.mkdir()
-    args = [a for a in _cli_args(wiki_excerpt, vocab, "unused", 2)]
-    i = args.index("--out")
-    del args[i:i + 2]
+    args = _cli_args(wiki_excerpt, vocab, "unused", 2)
+    del args[args.index("--out"):args.index("--out") + 2]
+    # on a budget: the schedule and the last step follow rank 0's clock on both ranks
+    args[args.index("--steps"):args.index("--steps") + 2] = ["--budget", "8s"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                           str(script), "pretrain", *args], capture_output=True, text=True, env=env, timeout=300,

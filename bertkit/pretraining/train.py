@@ -179,11 +179,11 @@ class PretrainConfig:
 
     def _check_types(self) -> None:
         """A TOML or JSON value of the wrong type is an error naming the option, not a crash later."""
+        kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None:
                 continue
-            kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}
             allowed = tuple(t for name, ts in kinds.items() if name in str(f.type) for t in ts)
             if isinstance(value, bool) and bool not in allowed:
                 allowed = ()
@@ -472,6 +472,16 @@ def _init_distributed() -> tuple[int, int, torch.device]:
     return dist.get_rank(), world, device
 
 
+def _agree_with_rank_0(values: list[float], flag: bool, rank: int, device) -> tuple[list[float], bool]:
+    """Rank 0's `values` and whether any rank raised `flag`, on every rank (one small all_reduce):
+    time-based decisions (the budget's lr and its last step) must not differ between ranks."""
+    shared = torch.tensor([*(values if rank == 0 else [0.0] * len(values)), float(flag)],
+                          dtype=torch.float64, device=device)
+    dist.all_reduce(shared)
+    *values, flags = shared.tolist()
+    return values, flags > 0
+
+
 def _barrier(world: int, long: bool = False) -> None:
     if world > 1:
         dist.barrier(group=_LONG_WAIT if long else None)
@@ -546,7 +556,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         if not ours:
             raise BertkitError(f"{out} is not empty and holds no pretraining run; choose another --out "
                                "(nothing in it was changed)")
-        if latest_checkpoint(out) is not None or (out / "model.safetensors").exists():
+        if any((out / "checkpoints").glob("step_*/trainer.json")) or (out / "model.safetensors").exists():
             raise BertkitError(f"{out} already holds a training run; pass --resume to continue it "
                                "or choose another --out")
         log(f"{out} holds a run that stopped before its first checkpoint or only prepared data: "
@@ -607,6 +617,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
 
     model.train()
     local = cfg.batch_size // world          # this rank's rows of every batch
+    step_options = dict(grad_accum=cfg.grad_accum, world=world, nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id,
+                        autocast=autocast)
     data_iter = _Prefetch(batches.iterate(position))
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
                   nsp_hit=0, pairs=0, compute=0.0, steps=0)
@@ -623,6 +635,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     last_eval, step_s, eval_s, save_s = None, 0.0, 0.0, 0.0
     skipped = bad_in_a_row = 0  # steps with a non-finite loss or gradient: not applied
     start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
+    now = elapsed()  # the budget's clock (rank 0's) where the last step ended
+    if world > 1:
+        (start_s, now), _ = _agree_with_rank_0([start_s, now], False, rank, device)
     if cfg.budget and start_s >= cfg.budget:
         raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
     try:
@@ -631,7 +646,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 # the schedule spans the budget after the first run's data preparation and before the
                 # closing work (the final evaluation and saves), so the lr reaches 0 as training ends
                 end = cfg.budget - eval_s - 2 * save_s
-                lr = cfg.lr * lr_factor(elapsed() - start_s, end - start_s, cfg.warmup, step_s or cfg.budget / 1000)
+                lr = cfg.lr * lr_factor(now - start_s, end - start_s, cfg.warmup, step_s or cfg.budget / 1000)
             elif step >= cfg.steps:
                 break  # resumed from the final checkpoint
             else:
@@ -643,10 +658,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             t0 = time.perf_counter()
             n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
             batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
-            grads = dict(n_predictions=n_predictions, grad_accum=cfg.grad_accum, world=world,
-                         nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id, autocast=autocast)
             try:
-                stats = accumulate_gradients(net, batch, **grads)
+                stats = accumulate_gradients(net, batch, n_predictions=n_predictions, **step_options)
             except Exception as e:  # compilation happens at the first call; its errors come from anywhere
                 if net is eager:
                     raise
@@ -654,7 +667,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                     "continuing without it")
                 net = eager
                 opt.zero_grad(set_to_none=True)
-                stats = accumulate_gradients(net, batch, **grads)
+                stats = accumulate_gradients(net, batch, n_predictions=n_predictions, **step_options)
             if world > 1:
                 dist.all_reduce(stats)
                 stats[1] /= world
@@ -698,9 +711,13 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 window["pairs"] += cfg.batch_size
                 window["steps"] += 1
             window["compute"] += took
-            bar.update(round(elapsed() - bar.n) if cfg.budget else 1)
+            now, interrupted = elapsed(), bool(stop_signal)
+            if world > 1:  # rank 0's clock and anyone's signal: every rank stops at the same step
+                (now, step_s, eval_s, save_s), interrupted = _agree_with_rank_0(
+                    [now, step_s, eval_s, save_s], interrupted, rank, device)
+            bar.update(round(now - bar.n) if cfg.budget else 1)
             # a budgeted run stops when one more step, the final evaluation and the saving would not fit
-            last = step >= cfg.steps if cfg.steps else elapsed() + step_s > cfg.budget - eval_s - 2 * save_s
+            last = step >= cfg.steps if cfg.steps else now + step_s > cfg.budget - eval_s - 2 * save_s
             if main and (step % cfg.log_every == 0 or last) and window["steps"]:
                 s = window["steps"]
                 record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
@@ -722,11 +739,6 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                              "elapsed_s": elapsed()}
                 metrics.write(last_eval)
                 eval_s = time.perf_counter() - t_eval
-            interrupted = bool(stop_signal)
-            if world > 1:  # every rank stops at the same step, whichever got the signal
-                flag = torch.tensor([float(interrupted)], device=device)
-                dist.all_reduce(flag)
-                interrupted = flag.item() > 0
             if (cfg.save_every and step % cfg.save_every == 0) or last or interrupted:
                 rng = [torch.get_rng_state()] * world
                 cuda_rng = [torch.cuda.get_rng_state(device)] * world if device.type == "cuda" else []
