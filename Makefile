@@ -22,6 +22,11 @@ WORDNET := /usr/share/wordnet/data.adj
 $(WORDNET):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wordnet-base
 
+# Debian's headless Chromium and its driver for the page test (no downloaded browser builds)
+CHROMEDRIVER := /usr/bin/chromedriver
+$(CHROMEDRIVER):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
+
 # the main job: pretrain the tiny BERT on the Wikipedia sample (~10 min on 2 cores), then show
 # what it learned; then contextual vectors from the real MiniLM checkpoint
 demo: $(VENV)/.runtime
@@ -46,11 +51,11 @@ bench-recipes: $(VENV)/.runtime
 bench-gpu: $(VENV)/.test
 	benchmarks/gpu.sh
 
-test: $(VENV)/.test $(WORDNET)
+test: $(VENV)/.test $(WORDNET) $(CHROMEDRIVER)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
 # slow checks too (long runs that benchmarks also cover)
-test-all: $(VENV)/.test $(WORDNET)
+test-all: $(VENV)/.test $(WORDNET) $(CHROMEDRIVER)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m ""
 
 clean:

@@ -7,7 +7,7 @@ figures compare. The headline is accuracy at [MASK] positions (positions left un
 replaced by a random token are reported apart: an unchanged token can be copied).
 Runs are strictly sequential: two runs sharing 2 cores slow each other down far more than 2x.
 
-    .venv/bin/python benchmarks/pretrain_recipes.py [--budget 10m] [--only fast,textbook]
+    .venv/bin/python benchmarks/pretrain_recipes.py [--budget 10m] [--only "fast;textbook"]
 
 Writes benchmarks/results/pretrain_recipes.json, docs/pretrain-recipes.png (held-out accuracy
 at [MASK] against wall time) and prints a Markdown table for benchmarks/README.md.
@@ -33,11 +33,15 @@ RECIPES: dict[str, list[str]] = {
     "lr 1e-3": ["--lr", "1e-3"],
     "lr 4e-3": ["--lr", "4e-3"],
     "mask 30%": ["--mask-prob", "0.3"],
+    "mask 40%": ["--mask-prob", "0.4"],
     "dropout 0.1": ["--dropout", "0.1"],
     "nsp weight 0.25": ["--nsp-weight", "0.25"],
+    "length 32, batch 256": ["--max-len", "32", "--batch-size", "256"],
     "length 128, batch 64": ["--max-len", "128", "--batch-size", "64"],
+    "batch 64, mask 30%, nsp 0.25": ["--batch-size", "64", "--mask-prob", "0.3", "--nsp-weight", "0.25"],
 }
-BATCH = {"textbook": 512, "batch 64": 64, "length 128, batch 64": 64}
+BATCH = {"textbook": 512, "batch 64": 64, "length 32, batch 256": 128, "length 128, batch 64": 64,
+         "batch 64, mask 30%, nsp 0.25": 64}
 
 
 def prepare(work: Path) -> Path:
@@ -110,7 +114,7 @@ def main():
     from bertkit.pretraining.train import parse_duration
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", default="10m")
-    ap.add_argument("--only", help="comma-separated recipe names")
+    ap.add_argument("--only", help="recipe names separated by semicolons")
     ap.add_argument("--work", default="runs/recipes")
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the runs under --work")
@@ -121,7 +125,10 @@ def main():
         (Path(args.out) / "pretrain_recipes.json").write_text(json.dumps(saved, indent=2) + "\n")
         plot(saved["recipes"], Path("docs/pretrain-recipes.png"), saved["budget"])
         return
-    names = args.only.split(",") if args.only else list(RECIPES)
+    names = [n.strip() for n in args.only.split(";")] if args.only else list(RECIPES)
+    unknown = [n for n in names if n not in RECIPES]
+    if unknown:
+        ap.error(f"unknown recipes {unknown}; known: {list(RECIPES)}")
     work = Path(args.work)
     data = prepare(work)
     results_path = Path(args.out) / "pretrain_recipes.json"

@@ -52,7 +52,7 @@ def cmd_encode(args) -> None:
         check_max_len(args.max_len, load_config(args.model))
     # row i of the output is line i of the input: a blank line is refused, never skipped
     inputs = read_text_inputs(args.input, blank_lines="refuse")
-    encoder = Encoder.from_folder(args.model, precision=args.precision)
+    encoder = Encoder.from_folder(args.model, precision=args.precision, backend=args.backend)
     vectors = encoder.encode(inputs.texts, inputs.pairs, pooling=args.pooling, batch_size=args.batch_size,
                              max_len=args.max_len, truncation=not args.no_truncation,
                              normalize=args.normalize)
@@ -163,6 +163,11 @@ def cmd_predict(args) -> None:
     from .finetune import load_task_model, run_task, task_max_len
 
     task, model, tok = load_task_model(args.model, args.task)
+    if args.backend == "onnx":  # the encoder and the head on ONNX Runtime
+        from .export import onnx_task_model
+        if args.precision != "fp32":
+            raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
+        onnx_task_model(args.model, model)
     if args.input is None and not args.text:
         raise BertkitError("give --input FILE or texts to predict")
     max_len = task_max_len(task, model, args.max_len)  # within the model's position limit
@@ -171,6 +176,28 @@ def cmd_predict(args) -> None:
     preds, _ = run_task(task, model, feats, examples, tok, precision=args.precision)
     for p, ex in zip(preds, examples):
         print(json.dumps(task.describe(p, ex)))
+
+
+def cmd_serve(args) -> None:
+    from .serve import ServeConfig, serve
+
+    serve(ServeConfig(model=args.model, host=args.host, port=args.port, backend=args.backend,
+                      batching=not args.no_batching, batch_window_ms=args.batch_window_ms,
+                      batch_tokens=args.batch_tokens, max_body_bytes=args.max_body_bytes, max_texts=args.max_texts,
+                      max_tokens=args.max_tokens, max_attention_tokens=args.max_attention_tokens))
+
+
+def cmd_export(args) -> None:
+    from .export import export
+
+    report = export(args.model, args.out, int8=args.int8, overwrite=args.overwrite)
+    print(f"bertkit: wrote {report['onnx']} (largest difference from PyTorch on a check batch: "
+          f"{report['max_abs_diff']:.1e})")
+    if "head" in report:
+        print(f"bertkit: wrote {report['head']} (the task head; largest difference: {report['head_max_abs_diff']:.1e})")
+    if args.int8:
+        print(f"bertkit: wrote {report['int8']} (int8 weights; largest difference: {report['int8_max_abs_diff']:.1e})")
+    print(f"bertkit: {args.out} is a model folder: use it with --backend onnx (encode, predict, serve)")
 
 
 def cmd_data_export(args) -> None:
@@ -207,6 +234,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help="fp32 (default) or bf16 autocast: faster on a GPU, results drift from fp32")
+    e.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                   help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     e.set_defaults(func=cmd_encode)
 
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
@@ -291,8 +320,33 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-len", type=int, default=None)
     pr.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help="fp32 (default) or bf16 autocast: faster on a GPU, results drift from fp32")
+    pr.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                    help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     pr.add_argument("text", nargs="*")
     pr.set_defaults(func=cmd_predict)
+
+    sv = sub.add_parser("serve", help="HTTP server: /encode, /v1/embeddings, /fill-mask, /predict, /attention, page at /")
+    sv.add_argument("--model", required=True, help="model folder (pretrained, fine-tuned or exported)")
+    sv.add_argument("--host", default="127.0.0.1", help="default loopback only; 0.0.0.0 opens it to the network")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+                    help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
+    sv.add_argument("--no-batching", action="store_true", help="run each request alone")
+    sv.add_argument("--batch-window-ms", type=float, default=5.0,
+                    help="how long a request waits for others to share its model call (default 5)")
+    sv.add_argument("--batch-tokens", type=int, default=16384, help="tokens per model call at most (default 16384)")
+    sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
+    sv.add_argument("--max-texts", type=int, default=256, help="texts per request (default 256)")
+    sv.add_argument("--max-tokens", type=int, default=None, help="tokens per text (default: the model's positions)")
+    sv.add_argument("--max-attention-tokens", type=int, default=128, help="tokens per /attention text (default 128)")
+    sv.set_defaults(func=cmd_serve)
+
+    ex = sub.add_parser("export", help="a model folder with the encoder as ONNX, for --backend onnx")
+    ex.add_argument("--model", required=True)
+    ex.add_argument("--out", required=True)
+    ex.add_argument("--int8", action="store_true", help="also write model.int8.onnx (dynamic int8 weights)")
+    ex.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    ex.set_defaults(func=cmd_export)
 
     from .datasets import DATASETS
     d = sub.add_parser("data", help="the built-in real data sets, in the standard file formats")

@@ -105,8 +105,17 @@ class Encoder:
         self.default_pooling = pooling
 
     @classmethod
-    def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32") -> "Encoder":
+    def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32",
+                    backend: str = "torch") -> "Encoder":
+        """backend "onnx": the folder's model.onnx on ONNX Runtime (CPU, fp32), from `bertkit export`."""
         tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
+        if backend == "onnx":
+            from .export import OnnxBert
+            if precision != "fp32":
+                raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
+            return cls(OnnxBert.from_folder(folder), tokenizer, folder_pooling(folder) or "cls", "cpu")
+        if backend != "torch":
+            raise BertkitError(f"unknown backend {backend!r}; choose torch or onnx")
         model, _ = load_model(folder, heads=False)
         return cls(model, tokenizer, folder_pooling(folder) or "cls", device, precision)
 

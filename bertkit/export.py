@@ -1,0 +1,196 @@
+"""`bertkit export`: the encoder as ONNX (dynamic batch and length), and the ONNX Runtime
+stand-in for it behind `--backend onnx`.
+
+The export folder is a complete model folder: the source folder's files (config, vocabulary,
+weights, bertkit.json) plus model.onnx, so `encode`, `predict` and `serve` take it with either
+backend. With `--backend onnx` the encoder runs on ONNX Runtime and a fine-tuned task's small
+head stays in PyTorch, reading the encoder's outputs.
+"""
+from __future__ import annotations
+
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from .errors import BertkitError
+from .model import BertModel, BertOutput
+
+ONNX = "model.onnx"
+ONNX_INT8 = "model.int8.onnx"
+HEAD_ONNX = "head.onnx"  # a fine-tuned folder's task head: its input is what the task feeds it
+INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+OUTPUTS = ("sequence_output", "pooled_output")
+
+
+class _Graph(nn.Module):
+    """BertModel with plain tensor outputs, as the exporter wants them."""
+
+    def __init__(self, bert: BertModel):
+        super().__init__()
+        self.bert = bert
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        out = self.bert(input_ids, token_type_ids, attention_mask)
+        return out.sequence_output, out.pooled_output
+
+
+def _export(module: nn.Module, args: tuple, path, input_names, output_names, dynamic_shapes) -> None:
+    import logging
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module.eval(), args, dynamo=True, input_names=list(input_names),
+                                    output_names=list(output_names), dynamic_shapes=dynamic_shapes, verbose=False)
+    program.save(str(path), external_data=False)
+
+
+def export_onnx(bert: BertModel, path: str | Path) -> None:
+    """Write the encoder to `path` as ONNX, batch and length dynamic (length up to the model's positions)."""
+    # an example of batch 2 and length 8: the exporter would fix a dimension of size 1 as a constant
+    ids = torch.full((2, 8), 5, dtype=torch.long)
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("length", max=bert.config.max_position_embeddings)}
+    _export(_Graph(bert), (ids, torch.zeros_like(ids), torch.ones_like(ids)), path, INPUTS, OUTPUTS,
+            (dims, dims, dims))
+
+
+# what each task's head reads: (B, H) sentence vectors, or (B, T, H) token or sentence vectors
+HEAD_INPUT_DIMS = {"classify": 2, "word": 2, "ner": 3, "tag": 3, "qa": 3, "summarize": 3}
+HEAD_OUTPUTS = {"qa": ("start_logits", "end_logits")}
+
+
+def export_head(task_name: str, head: nn.Module, hidden: int, path: str | Path) -> None:
+    """Write a task head to `path` as ONNX: input "x" as the task feeds it, output its logits
+    (qa: start and end). A CRF's transitions stay in model.safetensors (Viterbi runs outside)."""
+    dims = HEAD_INPUT_DIMS[task_name]
+    x = torch.randn((2, hidden) if dims == 2 else (2, 8, hidden))
+    shapes = {0: torch.export.Dim("batch")} if dims == 2 else {0: torch.export.Dim("batch"), 1: torch.export.Dim("length")}
+    _export(head, (x,), path, ["x"], HEAD_OUTPUTS.get(task_name, ("logits",)), (shapes,))
+
+
+def quantize_int8(src: str | Path, dst: str | Path) -> None:
+    """Dynamic int8 quantisation of the matmul weights (ONNX Runtime's quantize_dynamic)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8)
+
+
+class OnnxBert(nn.Module):
+    """Runs an exported encoder on ONNX Runtime with BertModel's call and outputs, so the
+    encoder, fill-mask-free task heads and the server use it unchanged. CPU only."""
+
+    def __init__(self, path: str | Path, config):
+        super().__init__()
+        import onnxruntime as ort
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
+            raise BertkitError(f"{path}: cannot load the ONNX model ({e})") from None
+        self.config = config
+        self.path = Path(path)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxBert":
+        from .checkpoint import load_config
+        folder = Path(folder)
+        path = folder / (ONNX_INT8 if int8 else ONNX)
+        if not path.is_file():
+            raise BertkitError(f"{folder}: no {path.name}; make it with `bertkit export --model FOLDER --out DIR"
+                               f"{' --int8' if int8 else ''}` and use DIR")
+        return cls(path, load_config(folder))
+
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertOutput:
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        feed = {name: t.detach().cpu().numpy().astype(np.int64)
+                for name, t in zip(INPUTS, (input_ids, token_type_ids, attention_mask))}
+        sequence, pooled = self.session.run(list(OUTPUTS), feed)
+        return BertOutput(torch.from_numpy(sequence), torch.from_numpy(pooled))
+
+
+class OnnxHead(nn.Module):
+    """A task head on ONNX Runtime, called as the torch head is; a CRF stays the torch one."""
+
+    def __init__(self, path: str | Path, torch_head: nn.Module):
+        super().__init__()
+        import onnxruntime as ort
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = torch.get_num_threads()
+        options.log_severity_level = 3
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.crf = getattr(torch_head, "crf", None)
+        self.anchor = nn.Parameter(torch.zeros(()), requires_grad=False)  # run_task asks the device
+
+    def forward(self, x):
+        outs = [torch.from_numpy(o) for o in self.session.run(None, {"x": x.detach().float().cpu().numpy()})]
+        return tuple(outs) if len(outs) > 1 else outs[0]
+
+
+def onnx_task_model(folder: str | Path, model) -> None:
+    """Swap a loaded task model's encoder and head for their ONNX Runtime stand-ins, in place."""
+    folder = Path(folder)
+    model.bert = OnnxBert.from_folder(folder)
+    if not (folder / HEAD_ONNX).is_file():
+        raise BertkitError(f"{folder}: no {HEAD_ONNX}; export the fine-tuned folder with `bertkit export`")
+    model.head = OnnxHead(folder / HEAD_ONNX, model.head)
+
+
+def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: bool = False) -> dict:
+    """Copy the model folder to `out` and add model.onnx (and model.int8.onnx); returns the
+    largest difference between the ONNX and PyTorch outputs on a check batch."""
+    from .checkpoint import load_model, load_tokenizer
+    from .outputs import check_output_folder
+
+    folder = Path(folder)
+    out = check_output_folder(out, overwrite)
+    if out.resolve() == folder.resolve():
+        raise BertkitError(f"--out {out} is the model folder itself; give a new folder")
+    tokenizer = load_tokenizer(folder)
+    bert, _ = load_model(folder, heads=False, quiet=True)
+    bert.eval()
+    out.mkdir(parents=True, exist_ok=True)
+    for f in folder.iterdir():
+        if f.is_file() and f.name not in (ONNX, ONNX_INT8):
+            shutil.copy2(f, out / f.name)
+    export_onnx(bert, out / ONNX)
+    report = {"onnx": str(out / ONNX), "max_abs_diff": check_parity(bert, tokenizer, out / ONNX)}
+    if (folder / "bertkit.json").is_file():
+        from .finetune import load_task_model
+        task, task_model, _ = load_task_model(folder, device="cpu")
+        export_head(task.name, task_model.head, bert.config.hidden_size, out / HEAD_ONNX)
+        report["head"] = str(out / HEAD_ONNX)
+        x = torch.randn((3, bert.config.hidden_size) if HEAD_INPUT_DIMS[task.name] == 2
+                        else (3, 11, bert.config.hidden_size))
+        with torch.inference_mode():
+            ref = task_model.head(x)
+        got = OnnxHead(out / HEAD_ONNX, task_model.head)(x)
+        ref, got = (ref, got) if isinstance(ref, tuple) else ((ref,), (got,))
+        report["head_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(ref, got))
+    if int8:
+        quantize_int8(out / ONNX, out / ONNX_INT8)
+        report["int8"] = str(out / ONNX_INT8)
+        report["int8_max_abs_diff"] = check_parity(bert, tokenizer, out / ONNX_INT8)
+    return report
+
+
+CHECK_TEXTS = ["The quick brown fox jumps over the lazy dog.", "BERT reads both ways.",
+               "A longer sentence, with commas and numbers like 1984, to vary the padding within the batch."]
+
+
+@torch.inference_mode()
+def check_parity(bert: BertModel, tokenizer, path: str | Path) -> float:
+    """Largest absolute difference of the two outputs over a padded batch of real sentences."""
+    batch = tokenizer.encode(CHECK_TEXTS, max_len=bert.config.max_position_embeddings)
+    inputs = batch.model_inputs("cpu")
+    ref = bert(**inputs)
+    got = OnnxBert(path, bert.config)(**inputs)
+    keep = batch.attention_mask.bool()
+    return max(float((ref.sequence_output - got.sequence_output)[keep].abs().max()),
+               float((ref.pooled_output - got.pooled_output).abs().max()))

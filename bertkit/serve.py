@@ -1,0 +1,547 @@
+"""`bertkit serve`: a model folder behind HTTP, on FastAPI and uvicorn.
+
+Endpoints: POST /encode, /v1/embeddings (OpenAI-compatible), /fill-mask, /predict (the folder's
+fine-tuned task), /attention; GET /health, /info, /metrics (Prometheus), /openapi.json and the
+page at /.
+
+Dynamic batching: concurrent requests wait in a queue for at most `batch_window_ms` (or until
+`batch_tokens` tokens are waiting), compatible ones are joined into one model call, and the
+model runs on one worker thread, off the event loop. Every limit is checked before a request
+is queued, so a bad request fails alone, with a JSON error naming the limit or the field.
+"""
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Union
+
+import numpy as np
+import torch
+
+from .errors import BertkitError
+
+PAGE = Path(__file__).parent / "page" / "index.html"
+
+
+@dataclass
+class ServeConfig:
+    model: str
+    host: str = "127.0.0.1"            # loopback unless the user opens it up
+    port: int = 8000
+    backend: str = "torch"             # or "onnx": the encoder on ONNX Runtime (needs `bertkit export`)
+    batching: bool = True
+    batch_window_ms: float = 5.0       # how long the first request of a batch waits for company
+    batch_tokens: int = 16384          # a batch closes early once this many tokens wait
+    max_body_bytes: int = 1 << 20      # 1 MiB
+    max_texts: int = 256               # texts per request
+    max_tokens: int | None = None      # tokens per text, specials included (default: the model's positions)
+    max_attention_tokens: int = 128    # /attention returns L x heads x T x T weights: kept small
+    max_top_k: int = 100
+
+    def check(self) -> None:
+        for name in ("port", "batch_tokens", "max_body_bytes", "max_texts", "max_attention_tokens", "max_top_k"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
+                raise BertkitError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if not 0 <= self.batch_window_ms <= 1000:
+            raise BertkitError(f"--batch-window-ms must be between 0 and 1000, got {self.batch_window_ms}")
+        if self.backend not in ("torch", "onnx"):
+            raise BertkitError(f"--backend must be torch or onnx, got {self.backend!r}")
+
+
+class RequestError(Exception):
+    """A client error: its HTTP status and a message that names the field or the limit."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+# ---------------------------------------------------------------- the model behind the server
+
+class Served:
+    """What the folder can do: encode always; fill-mask with a trained MLM head; predict with a
+    fine-tuned task (bertkit.json); attention with the torch backend's weights."""
+
+    def __init__(self, folder: str | Path, backend: str = "torch"):
+        from .checkpoint import WEIGHTS, load_model, load_tokenizer
+        from .encode import Encoder, folder_pooling
+
+        self.folder = Path(folder)
+        self.name = self.folder.resolve().name
+        self.task = self.task_model = self.mlm_model = None
+        if (self.folder / "bertkit.json").is_file():
+            from .finetune import load_task_model
+            self.task, self.task_model, self.tokenizer = load_task_model(self.folder, device="cpu")
+            body = self.task_model.bert
+        else:
+            self.tokenizer = load_tokenizer(self.folder)
+            model, _ = load_model(self.folder, heads=True, quiet=True)
+            from safetensors import safe_open
+            with safe_open(str(self.folder / WEIGHTS), "pt") as f:
+                trained_head = "cls.predictions.transform.dense.weight" in set(f.keys())
+            self.mlm_model = model.eval() if trained_head else None
+            body = model.bert
+        self.body = body.eval()
+        self.config = body.config
+        self.backend = backend
+        if backend == "onnx":  # the encoder and a task head on ONNX Runtime; /attention reads the torch weights
+            from .export import OnnxBert, onnx_task_model
+            if self.task_model is not None:
+                onnx_task_model(self.folder, self.task_model)
+                encoder_body = self.task_model.bert
+            else:
+                encoder_body = OnnxBert.from_folder(self.folder)
+        else:
+            encoder_body = body
+        self.encoder = Encoder(encoder_body, self.tokenizer, folder_pooling(self.folder) or "cls", device="cpu")
+        # a second tokenizer for counting tokens on the event loop: the first one is reconfigured
+        # (truncation) by the calls on the model thread
+        from tokenizers import Tokenizer
+        self.counter = Tokenizer.from_str(self.tokenizer.tok.to_str())
+        self.counter.no_truncation()
+        self.counter.no_padding()
+
+    def count(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
+        """Tokens per text (or pair), specials included, never truncated."""
+        items = list(zip(texts, pairs)) if pairs is not None else texts
+        return [len(e.ids) for e in self.counter.encode_batch(items)]
+
+    def info(self) -> dict:
+        cfg = self.config
+        return {"model": self.name, "backend": self.backend, "task": self.task.name if self.task else None,
+                "labels": self.task.info.get("labels") if self.task else None,
+                "hidden_size": cfg.hidden_size, "layers": cfg.num_hidden_layers, "heads": cfg.num_attention_heads,
+                "vocab_size": cfg.vocab_size, "max_positions": cfg.max_position_embeddings,
+                "pooling": self.encoder.default_pooling, "fill_mask": self.mlm_model is not None,
+                "attention": True}
+
+    # each runs on the model thread, over the texts of one or more requests
+    def run_encode(self, key: tuple, items: list) -> list:
+        _, pooling, normalize, paired = key
+        texts = [t for t, _ in items]
+        pairs = [p for _, p in items] if paired else None
+        return list(self.encoder.encode(texts, pairs, pooling=pooling, normalize=normalize, truncation=False))
+
+    def run_fill_mask(self, key: tuple, items: list) -> list:
+        from .fill_mask import fill_mask
+        return fill_mask(self.mlm_model, self.tokenizer, items, top_k=key[1])
+
+    def run_predict(self, key: tuple, items: list) -> list:
+        from .finetune import run_task, task_max_len
+        max_len = task_max_len(self.task, self.task_model, None)
+        feats = self.task.features(items, self.tokenizer, max_len)
+        preds, _ = run_task(self.task, self.task_model, feats, items, self.tokenizer)
+        return [self.task.describe(p, ex) for p, ex in zip(preds, items)]
+
+    def run_attention(self, key: tuple, items: list) -> list:
+        from .attention import attention_maps
+        results = []
+        for text, pair in items:
+            batch = self.tokenizer.encode([text], [pair] if pair is not None else None,
+                                          max_len=self.config.max_position_embeddings, truncation=False)
+            maps, _ = attention_maps(self.body, **batch.model_inputs("cpu"))       # (L, 1, nh, T, T)
+            results.append({"tokens": batch.tokens[0], "sequence_ids": batch.sequence_ids[0],
+                            "attention": maps[:, 0].numpy().round(4).tolist()})
+        return results
+
+    def examples(self, inputs: list) -> list:
+        """/predict inputs -> the task's examples: strings (or {"text", "text_pair"}) for most
+        tasks, {"question", "context"} objects for qa."""
+        if self.task.name == "qa":
+            from .tasks.squad import QAExample
+            out = []
+            for i, x in enumerate(inputs):
+                if not (isinstance(x, dict) and isinstance(x.get("question"), str)
+                        and isinstance(x.get("context"), str)):
+                    raise RequestError(422, f"inputs[{i}]: the qa task takes objects with string fields "
+                                            "'question' and 'context'")
+                out.append(QAExample(str(i), x["question"], x["context"], [], False, ""))
+            return out
+        texts, pairs = [], []
+        for i, x in enumerate(inputs):
+            if isinstance(x, dict) and isinstance(x.get("text"), str) and self.task.name == "classify":
+                texts.append(x["text"])
+                pairs.append(x.get("text_pair") if isinstance(x.get("text_pair"), str) else None)
+            elif isinstance(x, str):
+                texts.append(x)
+                pairs.append(None)
+            else:
+                raise RequestError(422, f"inputs[{i}]: the {self.task.name} task takes strings"
+                                        + (" or {\"text\", \"text_pair\"} objects" if self.task.name == "classify" else ""))
+        examples = self.task.read_inputs(texts=texts)
+        for ex, pair in zip(examples, pairs):
+            if pair is not None:
+                ex["text_pair"] = pair
+        return examples
+
+
+# ---------------------------------------------------------------- dynamic batching
+
+class Batcher:
+    """Joins concurrent requests into model calls. A request is (key, items, tokens); requests
+    with the same key can share a call, whose results are split back in order."""
+
+    def __init__(self, run: Callable[[tuple, list], list], window_s: float, max_tokens: int,
+                 enabled: bool, on_batch: Callable[[int, int], None]):
+        self.run, self.window_s, self.max_tokens, self.enabled = run, window_s, max_tokens, enabled
+        self.on_batch = on_batch
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertkit-model")
+        self.queue: asyncio.Queue | None = None
+        self.worker: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self.worker = asyncio.get_running_loop().create_task(self._work())
+
+    async def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def submit(self, key: tuple, items: list, tokens: int) -> list:
+        loop = asyncio.get_running_loop()
+        if not self.enabled:
+            self.on_batch(len(items), tokens)
+            return await loop.run_in_executor(self.executor, self.run, key, items)
+        future = loop.create_future()
+        await self.queue.put((key, items, tokens, future))
+        return await future
+
+    async def _work(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            waiting = [await self.queue.get()]
+            tokens = waiting[0][2]
+            deadline = loop.time() + self.window_s
+            while tokens < self.max_tokens:
+                try:
+                    left = deadline - loop.time()
+                    nxt = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                    break
+                waiting.append(nxt)
+                tokens += nxt[2]
+            groups: dict[tuple, list] = {}
+            for request in waiting:
+                groups.setdefault(request[0], []).append(request)
+            for key, requests in groups.items():
+                await self._run_group(loop, key, requests)
+
+    async def _run_group(self, loop, key, requests) -> None:
+        items = [item for r in requests for item in r[1]]
+        self.on_batch(len(items), sum(r[2] for r in requests))
+        try:
+            results = await loop.run_in_executor(self.executor, self.run, key, items)
+        except Exception as e:  # noqa: BLE001 - handed to the waiting requests
+            if len(requests) > 1:  # one bad request must not fail the others: run each alone
+                for r in requests:
+                    await self._run_group(loop, key, [r])
+                return
+            results, error = None, e
+        start = 0
+        for _, its, _, future in requests:
+            if future.done():  # the client went away
+                start += len(its)
+                continue
+            if results is None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[start:start + len(its)])
+            start += len(its)
+
+
+# ---------------------------------------------------------------- the app
+
+def create_app(cfg: ServeConfig, served: Served | None = None):
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+    from pydantic import BaseModel, ConfigDict, Field
+
+    cfg.check()
+    served = served or Served(cfg.model, cfg.backend)
+    max_tokens = cfg.max_tokens or served.config.max_position_embeddings
+    if max_tokens > served.config.max_position_embeddings:
+        raise BertkitError(f"--max-tokens {max_tokens} exceeds the model's {served.config.max_position_embeddings} positions")
+
+    registry = CollectorRegistry()
+    requests_total = Counter("bertkit_requests", "HTTP requests", ["endpoint", "status"], registry=registry)
+    latency = Histogram("bertkit_request_seconds", "request latency", ["endpoint"], registry=registry,
+                        buckets=(.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30))
+    batch_texts = Histogram("bertkit_batch_texts", "texts per model call", registry=registry,
+                            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024))
+    tokens_total = Counter("bertkit_tokens", "tokens of the texts the model ran on", registry=registry)
+
+    def on_batch(n_texts: int, n_tokens: int) -> None:
+        batch_texts.observe(n_texts)
+        tokens_total.inc(n_tokens)
+
+    runs = {"encode": served.run_encode, "fill-mask": served.run_fill_mask, "predict": served.run_predict,
+            "attention": served.run_attention}
+    batcher = Batcher(lambda key, items: runs[key[0]](key, items), cfg.batch_window_ms / 1000,
+                      cfg.batch_tokens, cfg.batching, on_batch)
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="bertkit", version=_version(), lifespan=lifespan,
+                  description=f"BERT model {served.name} ({served.backend} backend)")
+
+    # ---- errors: every one a JSON object with "error" (what is wrong) ----
+    @app.exception_handler(RequestError)
+    async def request_error(request: Request, e: RequestError):
+        return JSONResponse({"error": str(e)}, status_code=e.status)
+
+    @app.exception_handler(BertkitError)
+    async def bertkit_error(request: Request, e: BertkitError):
+        return JSONResponse({"error": str(e)}, status_code=422)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, e: RequestValidationError):
+        errors = e.errors()
+        first = errors[0] if errors else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}",
+                             "detail": json.loads(json.dumps(errors, default=str))}, status_code=422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, e: Exception):
+        return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
+
+    # ---- body size and metrics, around every request ----
+    app.add_middleware(_BodyLimit, max_bytes=cfg.max_body_bytes)
+
+    @app.middleware("http")
+    async def measure(request: Request, call_next):
+        start = time.perf_counter()
+        response = await call_next(request)
+        endpoint = request.url.path if request.url.path in KNOWN_PATHS else "other"
+        requests_total.labels(endpoint, str(response.status_code)).inc()
+        latency.labels(endpoint).observe(time.perf_counter() - start)
+        return response
+
+    # ---- request bodies ----
+    class Strict(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+
+    class EncodeRequest(Strict):
+        texts: list[str] = Field(min_length=1, description="texts to encode")
+        text_pairs: list[str] | None = Field(None, description="second texts: each vector is of the pair")
+        pooling: Literal["cls", "mean", "pooler"] | None = Field(None, description="default: the folder's")
+        normalize: bool = False
+
+    class EmbeddingsRequest(BaseModel):  # OpenAI's fields; unknown ones are ignored, as clients add their own
+        input: Union[str, list[str], list[int], list[list[int]]]
+        model: str | None = None
+        encoding_format: Literal["float", "base64"] = "float"
+        dimensions: int | None = None
+        user: str | None = None
+
+    class FillMaskRequest(Strict):
+        texts: list[str] = Field(min_length=1, description="texts with one or more [MASK]")
+        top_k: int = Field(5, ge=1)
+
+    class PredictRequest(Strict):
+        inputs: list[Union[str, dict[str, Any]]] = Field(
+            min_length=1, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
+
+    class AttentionRequest(Strict):
+        text: str
+        text_pair: str | None = None
+
+    def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens) -> int:
+        if len(texts) > cfg.max_texts:
+            raise RequestError(413, f"{field}: {len(texts)} texts, over the limit of {cfg.max_texts} per request "
+                                    "(--max-texts)")
+        if pairs is not None and len(pairs) != len(texts):
+            raise RequestError(422, f"text_pairs: {len(pairs)} pairs for {len(texts)} texts")
+        for i, t in enumerate(texts):
+            if not t.strip():
+                raise RequestError(422, f"{field}[{i}]: empty text")
+        counts = served.count(texts, pairs)
+        for i, n in enumerate(counts):
+            if n > limit:
+                raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text "
+                                        f"({'--max-attention-tokens' if limit == cfg.max_attention_tokens else '--max-tokens'})")
+        return sum(counts)
+
+    # ---- endpoints ----
+    @app.post("/encode", summary="sentence vectors of texts or text pairs")
+    async def encode(body: EncodeRequest):
+        tokens = check_texts(body.texts, body.text_pairs, "texts")
+        pooling = body.pooling or served.encoder.default_pooling
+        pairs = body.text_pairs or [None] * len(body.texts)
+        key = ("encode", pooling, body.normalize, body.text_pairs is not None)
+        vectors = await batcher.submit(key, list(zip(body.texts, pairs)), tokens)
+        return {"vectors": [v.tolist() for v in vectors], "pooling": pooling, "dimensions": served.config.hidden_size,
+                "tokens": tokens}
+
+    @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings (unit length, the folder's pooling)")
+    async def embeddings(body: EmbeddingsRequest):
+        texts = [body.input] if isinstance(body.input, str) else body.input
+        if not texts:
+            raise RequestError(422, "input: must not be empty")
+        if not all(isinstance(t, str) for t in texts):
+            raise RequestError(422, "input: token arrays are not supported (their ids belong to another "
+                                    "tokenizer); send text")
+        if body.dimensions is not None and body.dimensions != served.config.hidden_size:
+            raise RequestError(422, f"dimensions: this model gives {served.config.hidden_size} dimensions, "
+                                    f"not {body.dimensions}")
+        tokens = check_texts(texts, None, "input")
+        pooling = served.encoder.default_pooling
+        vectors = await batcher.submit(("encode", pooling, True, False), [(t, None) for t in texts], tokens)
+        if body.encoding_format == "base64":
+            rows = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
+        else:
+            rows = [v.tolist() for v in vectors]
+        return {"object": "list", "model": body.model or served.name,
+                "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+    @app.post("/fill-mask", summary="top predictions for each [MASK] in each text")
+    async def fill_mask(body: FillMaskRequest):
+        if served.mlm_model is None:
+            raise RequestError(400, f"{served.name} has no trained MLM head (no cls.predictions.* weights"
+                                    + (f"; it is fine-tuned for {served.task.name}" if served.task else "")
+                                    + "): fill-mask would answer at random")
+        if body.top_k > cfg.max_top_k:
+            raise RequestError(422, f"top_k: {body.top_k} is over the limit of {cfg.max_top_k}")
+        tokens = check_texts(body.texts, None, "texts")
+        mask_id = served.tokenizer.mask_id
+        for i, t in enumerate(body.texts):
+            if mask_id not in served.counter.encode(t).ids:
+                raise RequestError(422, f"texts[{i}]: no [MASK] token in {t[:80]!r}")
+        results = await batcher.submit(("fill-mask", body.top_k), list(body.texts), tokens)
+        return {"results": [{"text": t, "masks": r} for t, r in zip(body.texts, results)]}
+
+    @app.post("/predict", summary="the folder's fine-tuned task: classify, ner, tag, qa, summarize or word")
+    async def predict(body: PredictRequest):
+        if served.task is None:
+            raise RequestError(400, f"{served.name} is not fine-tuned for a task (no bertkit.json): "
+                                    "use /encode, /fill-mask or /attention")
+        if len(body.inputs) > cfg.max_texts:
+            raise RequestError(413, f"inputs: {len(body.inputs)} inputs, over the limit of {cfg.max_texts} "
+                                    "per request (--max-texts)")
+        examples = served.examples(body.inputs)
+        if served.task.name == "qa":  # long contexts are read in windows: their limit is 8x
+            tokens = check_texts([e.question for e in examples], None, "inputs.question")
+            tokens += check_texts([e.context for e in examples], None, "inputs.context", 8 * max_tokens)
+        else:
+            tokens = check_texts([x if isinstance(x, str) else x["text"] for x in body.inputs], None, "inputs")
+        results = await batcher.submit(("predict",), examples, tokens)
+        return {"task": served.task.name, "predictions": results}
+
+    @app.post("/attention", summary="attention weights of every layer and head")
+    async def attention(body: AttentionRequest):
+        tokens = check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
+                             cfg.max_attention_tokens)
+        [result] = await batcher.submit(("attention",), [(body.text, body.text_pair)], tokens)
+        return {"layers": served.config.num_hidden_layers, "heads": served.config.num_attention_heads, **result}
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def info():
+        limits = {k: v for k, v in asdict(cfg).items() if k.startswith(("max_", "batch"))}
+        return {**served.info(), "limits": {**limits, "max_tokens": max_tokens}}
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics():
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/", include_in_schema=False)
+    async def page():
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    KNOWN_PATHS = {"/encode", "/v1/embeddings", "/fill-mask", "/predict", "/attention", "/health", "/info",
+                   "/metrics", "/"}
+    app.state.served = served
+    return app
+
+
+class _BodyLimit:
+    """Refuses a request body over max_bytes with 413, by its Content-Length or, for a chunked
+    body, as soon as the bytes read pass the limit."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await self._refuse(send, declared.decode("latin-1"))
+        seen, exceeded, started = 0, False, False
+
+        async def limited_receive():
+            nonlocal seen, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    exceeded = True
+                    raise _TooLarge()
+            return message
+
+        async def guarded_send(message):
+            # FastAPI turns an error while reading the body into its own 400: once the limit is
+            # passed, whatever the app answers is replaced by the 413
+            nonlocal started
+            if exceeded:
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await self._refuse(send, f"more than {self.max_bytes}")
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send, f"more than {self.max_bytes}")
+
+    async def _refuse(self, send, size: str):
+        body = json.dumps({"error": f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
+                                    "(--max-body-bytes)"}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("bertkit")
+    except Exception:  # noqa: BLE001 - a source checkout without metadata
+        return "0"
+
+
+def serve(cfg: ServeConfig) -> None:
+    import uvicorn
+
+    cfg.check()
+    torch.set_grad_enabled(False)
+    app = create_app(cfg)
+    print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
+          f"(API docs: /docs, /openapi.json)", flush=True)
+    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")

@@ -1,0 +1,94 @@
+"""ONNX export and --backend onnx: outputs within 1e-4 of PyTorch; the attention weights the
+page shows are the ones the model uses."""
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.attention import attention_maps
+from bertkit.cli import main
+from bertkit.encode import Encoder
+from conftest import SENTENCES, hf_tester_config, save_tiny_bert
+
+pytest.importorskip("onnxruntime")
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, minilm_folder):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, tiny_bert):
+    out = tmp_path_factory.mktemp("exported") / "onnx"
+    assert main(["export", "--model", str(tiny_bert), "--out", str(out), "--int8"]) == 0
+    return out
+
+
+def test_attention_maps_are_the_ones_the_model_uses():
+    from bertkit import BertModel
+    from bertkit.model import init_weights
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    model = BertModel(cfg).eval()
+    init_weights(model, cfg)
+    ids = torch.randint(5, 99, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    maps, last = attention_maps(model, ids, None, mask)
+    assert maps.shape == (2, 2, 4, 9, 9)
+    torch.testing.assert_close(maps.sum(-1), torch.ones(2, 2, 4, 9))
+    assert maps[:, 1, :, :, 6:].abs().max() == 0  # padding is never attended to
+    with torch.no_grad():
+        torch.testing.assert_close(last, model(ids, None, mask).sequence_output)
+        # probabilities @ values, through the output projection, is the layer's own attention output
+        x = model.embeddings(ids, torch.zeros_like(ids))
+        layer = model.layers[0]
+        B, T, H = x.shape
+        v = layer.attn.qkv(x).split(H, dim=2)[2].view(B, T, 4, H // 4).transpose(1, 2)
+        mine = layer.attn.out((maps[0] @ v).transpose(1, 2).reshape(B, T, H))
+        torch.testing.assert_close(mine, layer.attn(x, mask.bool()[:, None, None, :]), atol=1e-5, rtol=0)
+
+
+def test_export_gives_a_model_folder_within_1e4_of_pytorch(tiny_bert, exported):
+    for name in ("model.onnx", "model.int8.onnx", "config.json", "model.safetensors", "vocab.txt"):
+        assert (exported / name).is_file(), name
+    torch_vectors = Encoder.from_folder(tiny_bert, device="cpu").encode(SENTENCES * 3, batch_size=4, pooling="mean")
+    onnx = Encoder.from_folder(exported, backend="onnx")
+    np.testing.assert_allclose(onnx.encode(SENTENCES * 3, batch_size=4, pooling="mean"), torch_vectors, atol=1e-4)
+    pairs = Encoder.from_folder(tiny_bert, device="cpu").encode(SENTENCES, SENTENCES[::-1], pooling="pooler")
+    np.testing.assert_allclose(onnx.encode(SENTENCES, SENTENCES[::-1], pooling="pooler"), pairs, atol=1e-4)
+
+
+def test_cli_encode_and_predict_with_the_onnx_backend(tmp_path, tiny_bert, exported, capsys):
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    assert main(["encode", "--model", str(exported), "--input", str(txt), "--output", str(tmp_path / "o.npy"),
+                 "--backend", "onnx"]) == 0
+    assert main(["encode", "--model", str(exported), "--input", str(txt), "--output", str(tmp_path / "t.npy")]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "o.npy"), np.load(tmp_path / "t.npy"), atol=1e-4)
+    # a folder without model.onnx says how to make one
+    assert main(["encode", "--model", str(tiny_bert), "--input", str(txt), "--output", str(tmp_path / "x.npy"),
+                 "--backend", "onnx"]) == 2
+    assert "bertkit export" in capsys.readouterr().err
+    # a fine-tuned classifier: the encoder on ONNX Runtime, its head in PyTorch, same scores
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + '"a wonderful film",fresh\n"dull and long",rotten\n' * 4)
+    assert main(["finetune", "classify", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
+                 "--out", str(tmp_path / "clf"), "--epochs", "1", "--batch-size", "4"]) == 0
+    assert main(["export", "--model", str(tmp_path / "clf"), "--out", str(tmp_path / "clf-onnx")]) == 0
+    capsys.readouterr()
+    outs = []
+    for backend in ("torch", "onnx"):
+        assert main(["predict", "classify", "--model", str(tmp_path / "clf-onnx"), "--backend", backend,
+                     "a wonderful film", "too long"]) == 0
+        outs.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
+    for a, b in zip(*outs):
+        assert a["label"] == b["label"] and a["scores"] == pytest.approx(b["scores"], abs=1e-4)
+
+
+def test_export_refuses_to_overwrite(tiny_bert, exported, capsys):
+    assert main(["export", "--model", str(tiny_bert), "--out", str(exported)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["export", "--model", str(tiny_bert), "--out", str(tiny_bert), "--overwrite"]) == 2

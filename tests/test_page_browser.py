@@ -1,0 +1,140 @@
+"""The page at / in a real browser: headless Chromium (Debian's chromium and chromium-driver,
+installed by `make test`) driven by Selenium against a real `bertkit serve` on 127.0.0.1."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from bertkit.cli import main
+from conftest import save_tiny_bert
+
+webdriver = pytest.importorskip("selenium.webdriver")
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+# `make test` installs both; running pytest by hand without them is a set-up gap, not a pass
+pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="Debian's chromium and chromium-driver are "
+                                                                   "not installed (make test installs them)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, folder):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "bertkit", "serve", "--model", str(folder),
+                                      "--port", str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(self.url + "/health", timeout=1)
+                return
+            except OSError:
+                assert self.proc.poll() is None, self.proc.stderr.read()
+                time.sleep(0.1)
+        raise AssertionError("the server did not start in 60 s")
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+    options = Options()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+                 "--no-first-run", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--window-size=1200,1400"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    yield driver
+    driver.quit()
+
+
+def _wait(driver, css, timeout=30):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+    return WebDriverWait(driver, timeout).until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
+
+
+def _type(driver, element_id, text):
+    from selenium.webdriver.common.by import By
+    box = driver.find_element(By.ID, element_id)
+    box.clear()
+    box.send_keys(text)
+
+
+def test_fill_mask_and_attention_on_a_model_bertkit_pretrained(browser, tmp_path_factory, wiki_excerpt):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+    folder = tmp_path_factory.mktemp("pretrained") / "run"
+    assert main(["pretrain", "--corpus", str(wiki_excerpt), "--out", str(folder), "--steps", "2", "--batch-size", "8",
+                 "--max-len", "32", "--vocab-size", "500", "--eval-pairs", "16", "--no-samples"]) == 0
+    server = Server(folder)
+    try:
+        browser.get(server.url + "/")
+        _wait(browser, "#run-fill-mask")
+        _type(browser, "text", "The cat sat on the [MASK].")
+        browser.find_element(By.ID, "run-fill-mask").click()
+        _wait(browser, "#fill-mask-result .bar")
+        candidates = browser.find_elements(By.CSS_SELECTOR, "#fill-mask-result .bar")
+        assert len(candidates) == 5 and all("%" in c.text for c in candidates)
+        browser.find_element(By.ID, "run-attention").click()
+        _wait(browser, "#attention-svg")
+        tokens = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#attention-svg text.left")]
+        assert tokens[0] == "[CLS]" and tokens[-1] == "[SEP]" and len(tokens) > 5
+        assert browser.find_elements(By.CSS_SELECTOR, "#attention-svg line.weight")
+        Select(browser.find_element(By.ID, "layer")).select_by_value("1")
+        Select(browser.find_element(By.ID, "head")).select_by_value("1")
+        svg = _wait(browser, "#attention-svg")
+        assert (svg.get_attribute("data-layer"), svg.get_attribute("data-head")) == ("1", "1")
+        Select(browser.find_element(By.ID, "view")).select_by_value("heatmap")
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#attention-svg rect.weight")) == len(tokens) ** 2
+        assert len(Select(browser.find_element(By.ID, "head")).options) == 1 + 2  # "all" and tiny's 2 heads
+        shot = tmp_path_factory.mktemp("shots") / "page.png"
+        browser.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        assert not browser.find_element(By.ID, "error").text
+    finally:
+        server.stop()
+
+
+def test_question_answering_highlights_the_answer(browser, tmp_path_factory, minilm_folder):
+    from selenium.webdriver.common.by import By
+    from bertkit.datasets import squad_subset_file
+    tiny = save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
+    squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
+    article = squad["data"][0]
+    article["paragraphs"] = article["paragraphs"][:1]
+    work = tmp_path_factory.mktemp("qa")
+    (work / "small.json").write_text(json.dumps({"version": "1.1", "data": [article]}))
+    assert main(["finetune", "qa", "--model", str(tiny), "--train", str(work / "small.json"), "--eval",
+                 str(work / "small.json"), "--out", str(work / "model"), "--epochs", "1", "--max-len", "128"]) == 0
+    server = Server(work / "model")
+    try:
+        browser.get(server.url + "/")
+        _wait(browser, "#run-predict")
+        context = "The theory of relativity was written by Albert Einstein in the early twentieth century."
+        _type(browser, "text", "Who wrote the theory of relativity?")
+        _type(browser, "pair", context)
+        browser.find_element(By.ID, "run-predict").click()
+        answer = _wait(browser, "#predict-result mark.answer")
+        assert answer.text and answer.text in context
+        browser.find_element(By.ID, "run-attention").click()
+        _wait(browser, "#attention-svg line.weight")
+    finally:
+        server.stop()

@@ -1,0 +1,290 @@
+"""bertkit serve: every endpoint and every error through FastAPI's test client, parity with the
+library and the CLI, dynamic batching, and one real uvicorn process."""
+import asyncio
+import base64
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+
+from bertkit.cli import main
+from bertkit.encode import Encoder
+from conftest import SENTENCES, hf_tester_config, save_tiny_bert
+
+pytest.importorskip("fastapi")
+from fastapi.testclient import TestClient  # noqa: E402
+
+from bertkit.serve import ServeConfig, create_app  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory, minilm_folder):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, minilm_folder):
+    """A tiny BERT with trained-looking MLM and NSP heads (cls.* tensors in the file)."""
+    from bertkit import save_model
+    from bertkit.model import BertForPreTraining, init_weights
+    from bertkit.tokenizer import WordPieceTokenizer
+    cfg = hf_tester_config(vocab_size=30522, max_position_embeddings=512)
+    torch.manual_seed(1)
+    model = BertForPreTraining(cfg)
+    init_weights(model, cfg)
+    folder = tmp_path_factory.mktemp("pretrained")
+    save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, tiny_bert):
+    folder = tmp_path_factory.mktemp("classify")
+    train = folder / "train.csv"
+    rows = [("a wonderful, moving film", "fresh"), ("dull and far too long", "rotten")] * 4
+    train.write_text("text,label\n" + "".join(f'"{t}",{lab}\n' for t, lab in rows))
+    assert main(["finetune", "classify", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
+                 "--out", str(folder / "model"), "--epochs", "1", "--batch-size", "4"]) == 0
+    return folder / "model"
+
+
+@pytest.fixture(scope="module")
+def qa_model(tmp_path_factory, tiny_bert):
+    from bertkit.datasets import squad_subset_file
+    squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
+    article = squad["data"][0]
+    article["paragraphs"] = article["paragraphs"][:1]
+    folder = tmp_path_factory.mktemp("qa")
+    small = folder / "small.json"
+    small.write_text(json.dumps({"version": "1.1", "data": [article]}))
+    assert main(["finetune", "qa", "--model", str(tiny_bert), "--train", str(small), "--eval", str(small),
+                 "--out", str(folder / "model"), "--epochs", "1", "--batch-size", "8", "--max-len", "128"]) == 0
+    return folder / "model", article["paragraphs"][0]["context"]
+
+
+def client(folder, **options):
+    return TestClient(create_app(ServeConfig(model=str(folder), **options)), raise_server_exceptions=False)
+
+
+def test_health_info_and_openapi(tiny_bert, pretrained):
+    with client(tiny_bert) as c:
+        assert c.get("/health").json() == {"status": "ok"}
+        info = c.get("/info").json()
+        assert info["task"] is None and info["fill_mask"] is False and info["hidden_size"] == 32
+        assert info["limits"]["max_tokens"] == 512 and info["limits"]["max_texts"] == 256
+        paths = c.get("/openapi.json").json()["paths"]
+        assert {"/encode", "/v1/embeddings", "/fill-mask", "/predict", "/attention", "/health", "/info",
+                "/metrics"} <= set(paths)
+        assert "attention" in c.get("/").text
+    with client(pretrained) as c:
+        assert c.get("/info").json()["fill_mask"] is True
+
+
+def test_encode_equals_the_library_and_the_cli(tiny_bert, tmp_path):
+    enc = Encoder.from_folder(tiny_bert, device="cpu")
+    with client(tiny_bert) as c:
+        for pooling in ("cls", "mean", "pooler"):
+            r = c.post("/encode", json={"texts": SENTENCES, "pooling": pooling})
+            assert r.status_code == 200, r.text
+            np.testing.assert_allclose(np.array(r.json()["vectors"]), enc.encode(SENTENCES, pooling=pooling),
+                                       atol=1e-6)
+        r = c.post("/encode", json={"texts": SENTENCES[:2], "text_pairs": SENTENCES[2:4], "normalize": True})
+        np.testing.assert_allclose(np.array(r.json()["vectors"]),
+                                   enc.encode(SENTENCES[:2], SENTENCES[2:4], normalize=True), atol=1e-6)
+        assert r.json()["tokens"] == sum(len(t) for t in enc.tokenizer.encode(SENTENCES[:2], SENTENCES[2:4]).tokens)
+        # /v1/embeddings is `bertkit encode --normalize` with the folder's pooling
+        txt = tmp_path / "in.txt"
+        txt.write_text("\n".join(SENTENCES) + "\n")
+        assert main(["encode", "--model", str(tiny_bert), "--input", str(txt), "--output", str(tmp_path / "v.npy"),
+                     "--normalize"]) == 0
+        cli = np.load(tmp_path / "v.npy")
+        body = c.post("/v1/embeddings", json={"input": SENTENCES, "model": "anything"}).json()
+        assert body["object"] == "list" and [d["index"] for d in body["data"]] == list(range(len(SENTENCES)))
+        np.testing.assert_allclose(np.array([d["embedding"] for d in body["data"]]), cli, atol=1e-6)
+        assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > len(SENTENCES)
+        packed = c.post("/v1/embeddings", json={"input": SENTENCES[0], "encoding_format": "base64"}).json()
+        vector = np.frombuffer(base64.b64decode(packed["data"][0]["embedding"]), dtype="<f4")
+        np.testing.assert_allclose(vector, cli[0], atol=1e-6)
+
+
+def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_bert):
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.fill_mask import fill_mask
+    texts = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK]."]
+    model, _ = load_model(pretrained)
+    expected = fill_mask(model, load_tokenizer(pretrained), texts, 3)
+    with client(pretrained) as c:
+        r = c.post("/fill-mask", json={"texts": texts, "top_k": 3})
+        assert r.status_code == 200, r.text
+        got = [x["masks"] for x in r.json()["results"]]
+        assert [[[p["token"] for p in m] for m in t] for t in got] == [[[p["token"] for p in m] for m in t] for t in expected]
+        assert len(got[1]) == 2
+        r = c.post("/predict", json={"inputs": ["a film"]})
+        assert r.status_code == 400 and "not fine-tuned" in r.json()["error"]
+        a = c.post("/attention", json={"text": "The crane flew.", "text_pair": "It landed."}).json()
+        T = len(a["tokens"])
+        w = np.array(a["attention"])
+        assert w.shape == (2, 4, T, T) and a["layers"] == 2 and a["heads"] == 4
+        np.testing.assert_allclose(w.sum(-1), 1, atol=1e-3)
+        assert a["tokens"][0] == "[CLS]" and a["sequence_ids"][-2] == 1
+    with client(tiny_bert) as c:  # no cls.* weights: refuses rather than answer at random
+        r = c.post("/fill-mask", json={"texts": texts})
+        assert r.status_code == 400 and "no trained MLM head" in r.json()["error"]
+    with client(classifier) as c:
+        r = c.post("/predict", json={"inputs": ["a moving film", {"text": "dull", "text_pair": "too long"}]})
+        assert r.status_code == 200, r.text
+        preds = r.json()["predictions"]
+        assert r.json()["task"] == "classify" and all(p["label"] in ("fresh", "rotten") for p in preds)
+        assert preds[1]["text_pair"] == "too long"
+    captured = subprocess.run([sys.executable, "-m", "bertkit", "predict", "classify", "--model", str(classifier),
+                               "a moving film"], capture_output=True, text=True, check=True).stdout
+    assert json.loads(captured)["scores"] == pytest.approx(preds[0]["scores"], abs=1e-6)
+    folder, context = qa_model
+    with client(folder) as c:
+        r = c.post("/predict", json={"inputs": [{"question": "What is it about?", "context": context}]})
+        assert r.status_code == 200, r.text
+        best = r.json()["predictions"][0]["nbest"][0]
+        assert context[best["start_char"]:best["end_char"]] == r.json()["predictions"][0]["answer"]
+        r = c.post("/predict", json={"inputs": ["a bare string"]})
+        assert r.status_code == 422 and "question" in r.json()["error"]
+
+
+@pytest.mark.parametrize("request_, status, words", [
+    ({"texts": "not a list"}, 422, "texts"),
+    ({}, 422, "texts"),
+    ({"texts": []}, 422, "texts"),
+    ({"texts": ["ok"], "pooling": "max"}, 422, "pooling"),
+    ({"texts": ["ok"], "surprise": 1}, 422, "surprise"),
+    ({"texts": [""]}, 422, "empty"),
+    ({"texts": ["a", "b"], "text_pairs": ["c"]}, 422, "pairs"),
+    ({"texts": ["x"] * 257}, 413, "--max-texts"),
+    ({"texts": ["word " * 600]}, 413, "--max-tokens"),
+])
+def test_encode_errors_name_the_field_or_limit(tiny_bert, request_, status, words):
+    with client(tiny_bert) as c:
+        r = c.post("/encode", json=request_)
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]
+
+
+def test_other_errors(tiny_bert, pretrained):
+    with client(tiny_bert, max_body_bytes=1000) as c:
+        r = c.post("/encode", content=b"{" + b" " * 2000 + b"}", headers={"content-type": "application/json"})
+        assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]
+
+        def chunks():  # no Content-Length: counted as it arrives
+            for _ in range(30):
+                yield b" " * 100
+        r = c.post("/encode", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413, r.text
+        r = c.post("/encode", content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 422
+        r = c.post("/v1/embeddings", json={"input": [[1, 2, 3]]})
+        assert r.status_code == 422 and "token arrays" in r.json()["error"]
+        r = c.post("/v1/embeddings", json={"input": "x", "dimensions": 8})
+        assert r.status_code == 422 and "32 dimensions" in r.json()["error"]
+        r = c.post("/attention", json={"text": "word " * 200})
+        assert r.status_code == 413 and "--max-attention-tokens" in r.json()["error"]
+        assert c.get("/health").json() == {"status": "ok"}  # still serving
+    with client(pretrained) as c:
+        r = c.post("/fill-mask", json={"texts": ["no mask here"]})
+        assert r.status_code == 422 and "no [MASK]" in r.json()["error"]
+        r = c.post("/fill-mask", json={"texts": ["a [MASK]"], "top_k": 1000})
+        assert r.status_code == 422 and "top_k" in r.json()["error"]
+
+
+def test_metrics_count_requests_batches_and_tokens(tiny_bert):
+    with client(tiny_bert) as c:
+        c.post("/encode", json={"texts": SENTENCES})
+        c.post("/encode", json={"texts": []})
+        text = c.get("/metrics").text
+    assert 'bertkit_requests_total{endpoint="/encode",status="200"} 1.0' in text
+    assert 'bertkit_requests_total{endpoint="/encode",status="422"} 1.0' in text
+    assert "bertkit_request_seconds_bucket" in text and "bertkit_batch_texts_count 1.0" in text
+    assert f"bertkit_batch_texts_sum {float(len(SENTENCES))}" in text
+    assert "bertkit_tokens_total" in text
+
+
+def _concurrently(app, bodies):
+    import httpx
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+                return await asyncio.gather(*(c.post("/encode", json=b) for b in bodies))
+    return asyncio.run(go())
+
+
+def test_dynamic_batching_joins_concurrent_requests_and_isolates_failures(tiny_bert):
+    enc = Encoder.from_folder(tiny_bert, device="cpu")
+    app = create_app(ServeConfig(model=str(tiny_bert), batch_window_ms=200))
+    bodies = [{"texts": [s]} for s in SENTENCES * 4]
+    responses = _concurrently(app, bodies)
+    expected = enc.encode(SENTENCES * 4)
+    for r, row in zip(responses, expected):
+        assert r.status_code == 200
+        np.testing.assert_allclose(r.json()["vectors"][0], row, atol=1e-6)
+    # 20 requests in fewer model calls than requests
+    served = app.state.served
+    calls = []
+    original = served.run_encode
+
+    def counting(key, items):
+        calls.append(len(items))
+        if any(t == "poison" for t, _ in items):
+            raise RuntimeError("a model failure")
+        return original(key, items)
+    served.run_encode = counting
+    responses = _concurrently(app, bodies + [{"texts": ["poison"]}])
+    assert max(calls) > 1 and sum(1 for n in calls if n > 1) >= 1
+    statuses = [r.status_code for r in responses]
+    assert statuses[:-1] == [200] * len(bodies) and statuses[-1] == 500  # only the failing request fails
+    # batching off: one model call per request
+    calls.clear()
+    app_off = create_app(ServeConfig(model=str(tiny_bert), batching=False))
+    app_off.state.served.run_encode = counting
+    _concurrently(app_off, bodies[:5])
+    assert calls == [1] * 5
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_real_server_process(tiny_bert):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bertkit", "serve", "--model", str(tiny_bert), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read()
+                time.sleep(0.1)
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/encode", data=json.dumps({"texts": ["hello"]}).encode(),
+                                     headers={"content-type": "application/json"})
+        body = json.loads(urllib.request.urlopen(req, timeout=30).read())
+        assert len(body["vectors"][0]) == 32
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_serve_refuses_bad_options(tiny_bert, capsys):
+    assert main(["serve", "--model", str(tiny_bert), "--max-texts", "0"]) == 2
+    assert "--max-texts" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tiny_bert), "--max-tokens", "5000"]) == 2
+    assert "512 positions" in capsys.readouterr().err
