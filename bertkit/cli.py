@@ -144,8 +144,11 @@ def cmd_finetune(args) -> None:
     cfg = FinetuneConfig(task=args.task, model=args.model, train=args.train, eval=args.eval, out=args.out,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
                          log_every=args.log_every, seed=args.seed, patience=args.patience,
-                         options=_task_options(args), overwrite=args.overwrite)
+                         options=_task_options(args), overwrite=args.overwrite, grad_accum=args.grad_accum,
+                         budget=args.budget, save_every=args.save_every, resume=args.resume)
     summary = finetune(cfg)
+    if summary is None:  # another rank of a torchrun job: rank 0 reports
+        return
     best = summary["best_metrics"]
     shown = {k: round(v, 4) for k, v in best.items() if isinstance(v, float)}
     print(f"bertkit: best epoch {summary['best_epoch']} of {summary['epochs_run']}: {json.dumps(shown)}; "
@@ -302,6 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "an unknown key is an error that lists the task's keys")
     ft.add_argument("--overwrite", action="store_true",
                     help="write into --out even when it is not empty (its files may be replaced)")
+    ft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (the batch size stays the same)")
+    ft.add_argument("--budget", help="wall-clock budget instead of --epochs, e.g. 20m; the lr follows its elapsed share")
+    ft.add_argument("--save-every", type=int, default=0,
+                    help="steps between checkpoints (default: at each epoch's end; removed when the run completes)")
+    ft.add_argument("--resume", action="store_true",
+                    help="continue the run in --out from its last checkpoint (give the same options)")
     ft.set_defaults(func=cmd_finetune)
 
     ev = sub.add_parser("evaluate", help="metrics of a fine-tuned folder on a data file, as one JSON object")

@@ -6,9 +6,11 @@ epoch's model in OUT and stops early when the task's metric stops improving.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -19,15 +21,18 @@ from tqdm import tqdm
 
 from .checkpoint import load_config, load_model, load_tokenizer, save_model
 from .encode import folder_pooling, precision_context
-from .errors import BertkitError
+from .errors import BertkitError, Interrupted
 from .inputs import parse_json, read_text
 from .model import init_weights
-from .optim import adamw, warmup_linear
+from .optim import adamw
 from .outputs import check_output_folder
 from .tasks import get_task
 from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
-from .training_log import MetricsLog, plot_losses, write_json
+from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
+from .training.distributed import Processes, init_processes
+from .training.log import MetricsLog, plot_losses, write_json
+from .training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
 
 
 @dataclass
@@ -52,10 +57,20 @@ class FinetuneConfig:
     progress: bool = True
     options: dict = field(default_factory=dict)  # task options: head, dropout, pooling, k, doc_stride ...
     overwrite: bool = False        # write into a non-empty --out folder
+    grad_accum: int = 1            # micro-batches per step: batch_size / grad_accum examples each
+    budget: str | float | None = None  # wall-clock budget instead of epochs; the lr follows its elapsed share
+    save_every: int = 0            # steps between checkpoints (0: at the end of each epoch only)
+    keep_checkpoints: int = 2
+    resume: bool = False           # continue the run in --out from its last checkpoint
+
+    # what must not change between a run and its resumption
+    EXACT = ("task", "model", "train", "eval", "epochs", "batch_size", "lr", "max_len", "warmup", "weight_decay",
+             "clip", "group_by_length", "seed", "options", "grad_accum", "budget")
 
     def __post_init__(self):
         # named as the command line spells them: the CLI passes its options straight through
-        for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every", "patience"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every", "patience", "grad_accum",
+                     "keep_checkpoints"):
             value = getattr(self, name)
             if value is None and name == "patience":
                 continue
@@ -69,6 +84,12 @@ class FinetuneConfig:
             number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if not (number and ok(value)):
                 raise BertkitError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
+        if isinstance(self.save_every, bool) or not isinstance(self.save_every, int) or self.save_every < 0:
+            raise BertkitError(f"--save-every must be an integer of at least 0, got {self.save_every!r}")
+        if self.batch_size % self.grad_accum:
+            raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
+        if self.budget is not None:
+            self.budget = parse_duration(self.budget)
 
 
 # this many non-finite steps in a row stop the run: the model diverged, skipping will not help
@@ -164,10 +185,9 @@ def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -
 
 
 @torch.no_grad()
-def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64,
-             precision: str = "fp32"):
-    """Predictions (and the mean loss when the features carry targets) over all features.
-    fp32 by default, also on a GPU: bf16 moves scores and can flip close predictions."""
+def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, batch_size=64,
+                 precision: str = "fp32") -> tuple[list, list[float]]:
+    """The task's raw outputs per batch, and each batch's loss when the features carry targets."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -180,6 +200,32 @@ def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, to
         if loss is not None:
             losses.append(loss.item())
     model.train(was_training)
+    return outputs, losses
+
+
+def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64,
+             precision: str = "fp32"):
+    """Predictions (and the mean loss when the features carry targets) over all features.
+    fp32 by default, also on a GPU: bf16 moves scores and can flip close predictions."""
+    outputs, losses = task_outputs(task, model, feats, tokenizer, batch_size, precision)
+    return task.decode(outputs, feats, examples), (sum(losses) / len(losses) if losses else None)
+
+
+def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size: int,
+              procs: Processes):
+    """run_task over several processes: each rank runs a contiguous part of the features, rank 0
+    puts the outputs back in order and decodes them all at once (QA n-best and NER decoding see
+    every feature, as in one process). Returns (predictions, mean loss) on rank 0, None elsewhere."""
+    if procs.world == 1:
+        return run_task(task, model, feats, examples, tokenizer, batch_size)
+    n = len(feats)
+    part = slice(procs.rank * n // procs.world, (procs.rank + 1) * n // procs.world)
+    mine = task_outputs(task, model, feats[part], tokenizer, batch_size) if part.stop > part.start else ([], [])
+    parts = procs.gather(mine)
+    if not procs.main:
+        return None
+    outputs = [o for out, _ in parts for o in out]
+    losses = [x for _, loss in parts for x in loss]
     return task.decode(outputs, feats, examples), (sum(losses) / len(losses) if losses else None)
 
 
@@ -197,15 +243,97 @@ def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max
     return metrics
 
 
-def finetune(cfg: FinetuneConfig) -> dict:
+class _Step(torch.nn.Module):
+    """The task's forward as a module's: DistributedDataParallel syncs gradients only for
+    computations that go through the module it wraps."""
+
+    def __init__(self, task: Task, model: TaskModel):
+        super().__init__()
+        self.task, self.model = task, model
+
+    def forward(self, batch):
+        return self.task.forward(self.model, batch)
+
+
+def _options(cfg: FinetuneConfig) -> dict:
+    return {k: getattr(cfg, k) for k in FinetuneConfig.EXACT}
+
+
+def _check_out(cfg: FinetuneConfig, out: Path, log) -> Path | None:
+    """The checkpoint to resume from, or None for a new run; refuses what would lose work."""
+    if not cfg.resume:
+        if has_checkpoint(out) and not cfg.overwrite:
+            raise BertkitError(f"{out} holds a fine-tuning run with checkpoints; pass --resume to continue it "
+                               "(or --overwrite to start again)")
+        check_output_folder(out, cfg.overwrite)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)  # an overwritten run's: never mixed with ours
+        return None
+    ckpt = latest_checkpoint(out, log)
+    if ckpt is None:
+        raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
+    saved = json.loads((ckpt / "trainer.json").read_text())["options"]
+    changed = [f"{k}: {v!r} in the checkpoint vs {getattr(cfg, k)!r} now" for k, v in saved.items()
+               if v != getattr(cfg, k)]
+    if changed:
+        raise BertkitError(f"{ckpt}: cannot resume exactly with changed options ({'; '.join(changed)})")
+    check_output_folder(out, overwrite=True)  # still writable?
+    return ckpt
+
+
+def _split(rows: list, parts: int) -> list[list]:
+    """rows in `parts` contiguous pieces, as even as possible (the first ones longer)."""
+    q, r = divmod(len(rows), parts)
+    bounds = [i * q + min(i, r) for i in range(parts + 1)]
+    return [rows[bounds[i]:bounds[i + 1]] for i in range(parts)]
+
+
+def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: Processes, grad_accum: int,
+                         autocast=contextlib.nullcontext()) -> float:
+    """Forward and backward over this rank's share of a global batch `feats`, in `grad_accum`
+    micro-batches; returns the global batch's mean loss (the same on every rank).
+
+    Each micro-batch's mean loss weighs by its share of the global batch's examples, so the
+    gradient is that of the global batch's mean, however it is split into micro-batches and
+    ranks (DistributedDataParallel averages over ranks, hence the factor `procs.world`)."""
+    mine = _split(list(range(len(feats))), procs.world)[procs.rank]
+    micros = [m for m in _split(mine, grad_accum) if m]
+    device = procs.device
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for i, micro in enumerate(micros):
+        batch = {k: v.to(device) for k, v in task.collate([feats[j] for j in micro], tokenizer).items()}
+        # gradients are averaged across ranks once per step, on the last micro-batch
+        sync = net.no_sync() if procs.world > 1 and i < len(micros) - 1 else contextlib.nullcontext()
+        with sync:
+            with autocast:
+                loss, _ = net(batch)
+            (loss.float() * (len(micro) * procs.world / len(feats))).backward()
+        loss_sum += loss.detach().double() * len(micro)
+    if procs.world > 1:
+        torch.distributed.all_reduce(loss_sum)
+    return float(loss_sum) / len(feats)
+
+
+def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
+    """Fine-tune (or resume fine-tuning) a model folder for a task; returns the summary also
+    written to OUT/summary.json (None on the other ranks of a torchrun job: rank 0 writes).
+    on_step(step, model) is called after every optimizer step and its checkpoint.
+
+    Under torchrun each of the W processes takes its share of every batch (the same global
+    batch as one process), DistributedDataParallel averages the gradients, each rank evaluates a
+    part of the evaluation set and rank 0 decodes, scores and writes."""
+    clock = time.perf_counter()
+    procs = init_processes()
+    main = procs.main
     out = Path(cfg.out)
-    log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress else (lambda msg: None)
+    log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress and main else (lambda msg: None)
     # everything the user gave is checked before any work: options, then where the run writes
     # (a non-empty --out only with overwrite: a user's config.json or vocab.txt is never replaced
     # by accident), then the model folder, then the data
     task = get_task(cfg.task)()
     user_options = task.check_options(cfg.options)
-    check_output_folder(out, cfg.overwrite)
+    ckpt = _check_out(cfg, out, log)
+    if cfg.batch_size % procs.world:
+        raise BertkitError(f"--batch-size {cfg.batch_size} is not divisible by {procs.world} processes")
     model_cfg = load_config(cfg.model)
     check_max_len(cfg.max_len, model_cfg)
     tok = load_tokenizer(cfg.model, model_cfg)
@@ -223,91 +351,155 @@ def finetune(cfg: FinetuneConfig) -> dict:
     task.check(eval_ex, cfg.eval)
     model = TaskModel(bert, task.head(bert.config, bert))
     init_weights(model.head, bert.config)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = procs.device
     model.to(device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = procs.autocast()
     train_feats = task.features(train_ex, tok, cfg.max_len)
     eval_feats = task.features(eval_ex, tok, cfg.max_len)
     log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation")
 
     opt = adamw(model, cfg.lr, cfg.weight_decay)
-    total = math.ceil(len(train_feats) / cfg.batch_size) * cfg.epochs
-    sched = warmup_linear(opt, int(cfg.warmup * total), total)
-    out.mkdir(parents=True, exist_ok=True)
-    metrics_log = MetricsLog(out)
-    write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
+    per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
+    total = per_epoch * cfg.epochs
+    warmup_steps = max(1, int(cfg.warmup * total))  # as transformers' linear schedule counts it
+    epoch, batch_index, step, elapsed0, start_s = 1, 0, 0, 0.0, None
+    best, best_epoch, stale, history = None, 0, 0, []
+    guard = Guard(MAX_SKIPPED_IN_A_ROW)
+    if ckpt is not None:
+        state, tensors = read_state(ckpt)
+        _, resumed, _ = load_task_model(ckpt, cfg.task, device=device)
+        model.load_state_dict(resumed.state_dict())
+        opt.load_state_dict(tensors["optimizer"])
+        if state.get("world_size", 1) != procs.world:
+            raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
+        restore_rng(tensors, procs.rank, device)
+        epoch, batch_index, step, elapsed0 = state["epoch"], state["batch"], state["step"], state["elapsed_s"]
+        start_s = state["start_s"]
+        best, best_epoch, stale, history = state["best"], state["best_epoch"], state["stale"], state["history"]
+        guard.load(state["guard"])
+        log(f"resuming {out} at step {step} (epoch {epoch}, batch {batch_index})")
+    elif procs.rank:
+        torch.manual_seed(cfg.seed + procs.rank)  # other dropout masks on each rank
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
+    metrics_log = MetricsLog(out, resume_step=step if ckpt is not None else None) if main else None
+    # a task's model may leave parameters out of its loss (the pooler under mean pooling)
+    net = procs.wrap(_Step(task, model), find_unused_parameters=True)
+    elapsed = lambda: elapsed0 + time.perf_counter() - clock  # noqa: E731 (a budget's clock)
+    if start_s is None:
+        start_s = elapsed()  # when training began: the budget's schedule spans from here
 
-    step, best, best_epoch, stale = 0, None, 0, 0
-    skipped, skipped_in_a_row = 0, 0
-    history = []
-    t_start = time.perf_counter()
+    def save(epoch_now: int, batch_now: int) -> None:
+        rng = procs.rng_states()
+        if main:
+            save_checkpoint(out, step, lambda folder: save_task_model(model, task, tok, folder),
+                            {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
+                            {"epoch": epoch_now, "batch": batch_now, "elapsed_s": elapsed(), "best": best,
+                             "best_epoch": best_epoch, "stale": stale, "history": history, "guard": guard.state(),
+                             "start_s": start_s, "eval_s": eval_s,
+                             "world_size": procs.world, "options": _options(cfg)}, cfg.keep_checkpoints)
+        procs.barrier()
+
     window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
-    bar = tqdm(total=total, disable=not cfg.progress, unit="step", dynamic_ncols=True)
-    for epoch in range(1, cfg.epochs + 1):
-        model.train()
-        g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-        groups = _epoch_groups(train_feats, cfg.batch_size, cfg.group_by_length, g)
-        for batch in _batches(train_feats, task, tok, cfg.batch_size, device, groups):
-            t0 = time.perf_counter()
-            with autocast:
-                loss, _ = task.forward(model, batch)
-            step += 1
-            bar.update(1)
-            # checked before opt.step: a NaN/inf loss or gradient never reaches the weights (nor
-            # AdamW's moments); such a step is skipped, and a run of them stops the run
-            loss = loss.float()
-            finite = bool(torch.isfinite(loss))
-            if finite:
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-                finite = bool(torch.isfinite(grad_norm))
-            if finite:
-                skipped_in_a_row = 0
-                opt.step()
-                sched.step()
-                window["loss"] += loss.item()
-                window["n"] += 1
-                window["examples"] += len(batch["input_ids"])
-                window["compute"] += time.perf_counter() - t0
-            else:
-                skipped += 1
-                skipped_in_a_row += 1
-                log(f"step {step}: the loss or gradient norm is not finite; step skipped ({skipped} so far)")
-                if skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
-                    raise BertkitError(
-                        f"step {step}: {skipped_in_a_row} steps in a row had a non-finite loss or gradient "
-                        f"({skipped} skipped in all): training diverged; lower --lr (it is {cfg.lr:g}; "
-                        f"try {cfg.lr / 10:g})")
-            opt.zero_grad(set_to_none=True)
-            # a window of only skipped steps has no loss to log: it is logged with the next window
-            if (step % cfg.log_every == 0 or step == total) and window["n"]:
-                rec = {"step": step, "epoch": epoch, "loss": window["loss"] / window["n"], "lr": sched.get_last_lr()[0],
-                       "elapsed_s": time.perf_counter() - t_start,
-                       "pairs_per_s": window["examples"] / window["compute"], "skipped_steps": skipped}
+    bar = tqdm(total=round(cfg.budget) if cfg.budget else total, initial=round(elapsed0) if cfg.budget else step,
+               disable=not (cfg.progress and main), unit="s" if cfg.budget else "step", dynamic_ncols=True)
+    signals = StopSignals()
+    signals.install()
+    step_s, eval_s, out_of_time = 0.0, (state.get("eval_s", 0.0) if ckpt is not None else 0.0), False
+    try:
+        while not out_of_time and (cfg.budget or epoch <= cfg.epochs):
+            model.train()
+            g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
+            groups = _epoch_groups(train_feats, cfg.batch_size, cfg.group_by_length, g)
+            for b in range(batch_index, len(groups)):
+                if len(groups[b]) < procs.world:  # a last batch with fewer examples than ranks: all skip it
+                    continue
+                if cfg.budget:  # the schedule ends where the closing evaluation must begin
+                    lr = cfg.lr * lr_factor(elapsed() - start_s, cfg.budget - eval_s - start_s, cfg.warmup,
+                                            step_s or cfg.budget / 1000)
+                else:
+                    lr = cfg.lr * lr_factor(step, total, warmup_steps / total, 1)
+                set_lr(opt, lr)
+                t0 = time.perf_counter()
+                batch_loss = accumulate_gradients(net, task, [train_feats[j] for j in groups[b]], tok, procs,
+                                                  cfg.grad_accum, autocast)
+                # checked before opt.step: a NaN/inf loss or gradient never reaches the weights (nor
+                # AdamW's moments); such a step is skipped, and a run of them stops the run
+                finite, _ = clipped_step(model, opt, cfg.clip, math.isfinite(batch_loss), guard)
+                step += 1
+                took = time.perf_counter() - t0
+                step_s = 0.8 * step_s + 0.2 * took if step_s else took
+                if finite:
+                    window["loss"] += batch_loss
+                    window["n"] += 1
+                    window["examples"] += len(groups[b])
+                    window["compute"] += took
+                else:
+                    log(f"step {step}: the loss or gradient norm is not finite; step skipped ({guard.skipped} so far)")
+                    if guard.in_a_row >= guard.limit:
+                        raise BertkitError(
+                            f"step {step}: {guard.in_a_row} steps in a row had a non-finite loss or gradient "
+                            f"({guard.skipped} skipped in all): training diverged; lower --lr (it is {cfg.lr:g}; "
+                            f"try {cfg.lr / 10:g})")
+                # rank 0's clock and anyone's signal: every rank stops at the same step
+                (now, step_s, eval_s), interrupted = procs.agree_with_rank_0([elapsed(), step_s, eval_s],
+                                                                             bool(signals))
+                out_of_time = bool(cfg.budget) and now + step_s > cfg.budget - eval_s
+                bar.update(round(now - bar.n) if cfg.budget else 1)
+                # a window of only skipped steps has no loss to log: it is logged with the next window
+                if main and (step % cfg.log_every == 0 or step == total or out_of_time) and window["n"]:
+                    rec = {"step": step, "epoch": epoch, "loss": window["loss"] / window["n"], "lr": lr,
+                           "elapsed_s": now, "pairs_per_s": window["examples"] / window["compute"],
+                           "skipped_steps": guard.skipped}
+                    metrics_log.write(rec)
+                    bar.set_postfix(loss=f"{rec['loss']:.4f}")
+                    window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
+                if (cfg.save_every and step % cfg.save_every == 0) or interrupted:
+                    save(epoch, b + 1)
+                if interrupted:
+                    raise Interrupted(f"stopped by {signals.first.name} at step {step}; the checkpoint is saved: "
+                                      f"continue with the same command and --resume", signals.first)
+                if on_step is not None:
+                    on_step(step, model)
+                if out_of_time:
+                    break
+            batch_index = 0
+            # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
+            t_eval = time.perf_counter()
+            evaluated = _evaluate(task, model, eval_feats, eval_ex, tok, cfg.eval_batch_size, procs)
+            eval_s = time.perf_counter() - t_eval
+            stop_early = False
+            if main:
+                preds, eval_loss = evaluated
+                scores = {k: _json_number(v) for k, v in task.metrics(preds, eval_ex).items()}
+                eval_loss = _json_number(eval_loss)
+                rec = {"step": step, "epoch": epoch, "eval_loss": eval_loss,
+                       **{f"eval_{k}": v for k, v in scores.items() if v is None or isinstance(v, (int, float))}}
                 metrics_log.write(rec)
-                bar.set_postfix(loss=f"{rec['loss']:.4f}")
-                window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
-        # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
-        preds, eval_loss = run_task(task, model, eval_feats, eval_ex, tok, cfg.eval_batch_size)
-        scores = {k: _json_number(v) for k, v in task.metrics(preds, eval_ex).items()}
-        eval_loss = _json_number(eval_loss)
-        rec = {"step": step, "epoch": epoch, "eval_loss": eval_loss,
-               **{f"eval_{k}": v for k, v in scores.items() if v is None or isinstance(v, (int, float))}}
-        metrics_log.write(rec)
-        history.append({"epoch": epoch, **scores, "eval_loss": eval_loss})
-        score = scores[task.primary_metric]  # None: the metric was NaN or infinite
-        log(f"epoch {epoch}: {task.primary_metric} " + (f"{score:.4f}" if score is not None else "NaN")
-            + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
-        # a NaN metric is worse than any number: it never replaces a saved model
-        if score is not None and (best is None or score > best):
-            best, best_epoch, stale = score, epoch, 0
-            save_task_model(model, task, tok, out)
-        else:
-            stale += 1
-            if cfg.patience is not None and stale >= cfg.patience:
-                log(f"no improvement for {stale} epoch(s): stopping early")
+                history.append({"epoch": epoch, **scores, "eval_loss": eval_loss})
+                score = scores[task.primary_metric]  # None: the metric was NaN or infinite
+                log(f"epoch {epoch}: {task.primary_metric} " + (f"{score:.4f}" if score is not None else "NaN")
+                    + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
+                # a NaN metric is worse than any number: it never replaces a saved model
+                if score is not None and (best is None or score > best):
+                    best, best_epoch, stale = score, epoch, 0
+                    save_task_model(model, task, tok, out)
+                else:
+                    stale += 1
+                    if cfg.patience is not None and stale >= cfg.patience:
+                        log(f"no improvement for {stale} epoch(s): stopping early")
+                        stop_early = True
+            stop_early = procs.broadcast(stop_early)
+            epoch += 1
+            save(epoch, 0)  # the epoch's end: a resume starts the next one
+            if stop_early:
                 break
-    bar.close()
+    finally:
+        bar.close()
+        signals.restore()
+    if not main:
+        return None
     note = None
     if best_epoch == 0:
         # no epoch had a number to compare: the run still ends as a model folder (the last model)
@@ -322,7 +514,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
     summary = {"task": cfg.task, "best_epoch": best_epoch, f"best_{task.primary_metric}": best,
                "best_metrics": history[best_epoch - 1], "epochs_run": len(history), "history": history,
                "train_examples": len(train_ex), "eval_examples": len(eval_ex), "steps": step,
-               "skipped_steps": skipped, "train_s": time.perf_counter() - t_start,
+               "skipped_steps": guard.skipped, "train_s": elapsed(), "processes": procs.world,
                "pairs_per_s": sum(r.get("pairs_per_s", 0) for r in records if "pairs_per_s" in r)
                / max(1, sum(1 for r in records if "pairs_per_s" in r)),
                "device": str(device), "config": dataclasses.asdict(cfg)}
@@ -330,4 +522,6 @@ def finetune(cfg: FinetuneConfig) -> dict:
         summary["note"] = note
     write_json(out / "summary.json", summary)
     metrics_log.close()
+    # the run is complete and its model in OUT: the checkpoints (weights and optimizer) only served a resume
+    shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return summary

@@ -273,7 +273,7 @@ def test_two_ranks_give_the_gradients_of_one_process(tmp_path, wiki_excerpt, voc
 
 # ---- the learning rate: logged as used, and a wall-clock budget ----
 def test_logged_lr_is_the_one_used_for_the_step(tmp_path, wiki_excerpt, vocab):
-    from bertkit.pretraining.train import lr_factor
+    from bertkit.training.step import lr_factor
     cfg = _cfg(wiki_excerpt, tmp_path / "lr", vocab=str(vocab), steps=10, warmup=0.3, save_every=0)
     pretrain(cfg)
     lrs = [r["lr"] for r in _lines(tmp_path / "lr") if "loss" in r]
@@ -284,7 +284,7 @@ def test_logged_lr_is_the_one_used_for_the_step(tmp_path, wiki_excerpt, vocab):
 
 
 def test_lr_factor_follows_the_elapsed_share_of_a_budget():
-    from bertkit.pretraining.train import lr_factor
+    from bertkit.training.step import lr_factor
     f = [lr_factor(t, 100.0, 0.1, 0.5) for t in (0, 4.5, 9.5, 10, 55, 99.5, 100)]
     assert f[0] == pytest.approx(0.05) and f[1] == pytest.approx(0.5) and f[2] == pytest.approx(1.0)
     assert f[3] == pytest.approx(1.0) and f[4] == pytest.approx(0.5) and f[5] == pytest.approx(0.5 / 90)
@@ -404,7 +404,7 @@ def test_a_signal_saves_a_checkpoint_and_exits_with_one_line(tmp_path, wiki_exce
     last = [line for line in err.splitlines() if line.startswith("bertkit: stopped by")]
     assert len(last) == 1 and f"stopped by {sig} at step" in last[0] and "--resume" in last[0]
     step = int(last[0].split("at step ")[1].split(";")[0])
-    from bertkit.pretraining.train import latest_checkpoint
+    from bertkit.training.checkpoints import latest_checkpoint
     assert latest_checkpoint(out).name == f"step_{step:07d}"
     assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, out, step + 2), "--resume"]) == 0
 
@@ -438,7 +438,7 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, wiki_excerpt)
 
 
 def test_a_damaged_checkpoint_is_reported_and_the_one_before_it_used(tmp_path, wiki_excerpt, vocab):
-    from bertkit.pretraining.train import checkpoint_problem, latest_checkpoint
+    from bertkit.training.checkpoints import checkpoint_problem, latest_checkpoint
     straight = tmp_path / "a"
     pretrain(_cfg(wiki_excerpt, straight, vocab=str(vocab), steps=9))
     out = tmp_path / "b"
@@ -464,7 +464,7 @@ def test_sigkill_at_random_moments_always_resumes_to_the_uninterrupted_weights(t
     import signal
     import time
 
-    from bertkit.pretraining.train import latest_checkpoint
+    from bertkit.training.checkpoints import latest_checkpoint
     steps = 14
     straight = tmp_path / "straight"  # in a subprocess too: the same thread count, the same sums
     proc = _start(_cli_args(wiki_excerpt, vocab, straight, steps))
@@ -513,7 +513,7 @@ def test_non_finite_steps_are_skipped_then_rolled_back_at_half_the_lr(tmp_path, 
     assert summary["steps"] == 12 and summary["skipped_steps"] == 6
     weights = load_file(str(out / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())
-    from bertkit.pretraining.train import lr_factor
+    from bertkit.training.step import lr_factor
     after = [r for r in lines if "loss" in r and r["step"] > 8 and lines.index(r) > lines.index(back[0])]
     peak = summary["config"]["lr"]
     assert after[0]["lr"] == pytest.approx(peak * 0.5 * lr_factor(8, 12, 0.0, 1))

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import datetime
-import hashlib
 import json
 import math
-import os
 import queue
-import shutil
-import signal
 import sys
 import threading
 import time
@@ -35,7 +30,10 @@ from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
 from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
-from ..training_log import MetricsLog, plot_losses, write_json
+from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
+from ..training.distributed import Processes, init_processes
+from ..training.log import MetricsLog, plot_losses, write_json
+from ..training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
 from .batches import Position, PretrainingBatches
 from .masking import MaskingConfig
 from .shards import TokenStore, tokenize_corpus
@@ -53,22 +51,6 @@ RECIPES: dict[str, dict] = {
     "textbook": dict(budget="10m", batch_size=512, max_len=64, lr=1e-3, warmup=0.1, mask_prob=0.15,
                      dropout=0.1, nsp_weight=1.0),
 }
-
-
-def parse_duration(value) -> float:
-    """Seconds from 600, "600", "90s", "10m" or "1.5h"."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
-        try:
-            seconds = float(text[:-1] if unit else text) * (unit or 1)
-        except ValueError:
-            raise BertkitError(f"budget {value!r}: expected a duration such as 90s, 10m or 1.5h") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise BertkitError(f"budget {value!r}: must be a positive duration")
-    return seconds
 
 
 @dataclass
@@ -246,103 +228,28 @@ def _optimizer(model, cfg: PretrainConfig):
     return adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
 
 
-def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
-    """Share of the peak learning rate for the step that starts after `done` of `total` (steps
-    or seconds): linear warm-up over the first `warmup` share, then linear decay to 0 at the end.
-    `unit` is one step (1 step, or its expected seconds): warm-up lasts at least one."""
-    w = max(unit, warmup * total)
-    return max(0.0, min((done + unit) / w, (total - done) / max(unit, total - w)))
-
-
 # ---- checkpoints ----------------------------------------------------------------------------
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _save_checkpoint(out: Path, step: int, model, opt, position: Position, cfg: PretrainConfig,
-                     elapsed: float, start_s: float, lr_scale: float, rng: list, cuda_rng: list, world: int) -> Path:
-    """Durable: written to a temporary folder, every file and the folder flushed to disk, renamed,
-    and only then are older checkpoints dropped. trainer.json, written last, lists each file's
-    size and SHA-256, so a damaged checkpoint is recognised when it is loaded."""
-    root = out / "checkpoints"
-    final = root / f"step_{step:07d}"
-    tmp = root / f".step_{step:07d}.partial"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_model(model, tmp)
-    # RNG states per rank: dropout continues exactly where it stopped
-    torch.save({"optimizer": opt.state_dict(), "torch_rng": rng, "cuda_rng": cuda_rng}, tmp / "trainer.pt")
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": _digest(f)} for f in sorted(tmp.iterdir())}
-    write_json(tmp / "trainer.json", {"step": step, "epoch": position.epoch, "batch": position.batch,
-                                      "elapsed_s": elapsed, "start_s": start_s, "lr_scale": lr_scale,
-                                      "world_size": world,
-                                      "options": _options(cfg), "files": files})
-    for f in tmp.iterdir():
-        _fsync(f)
-    _fsync(tmp)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync(root)
-    kept = sorted(p for p in root.glob("step_*") if p.is_dir())
-    for old in kept[:-cfg.keep_checkpoints]:
-        shutil.rmtree(old)
-    return final
-
-
 def _options(cfg: PretrainConfig) -> dict:
     return {k: getattr(cfg, k) for k in PretrainConfig.EXACT}
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """Why a checkpoint cannot be used (missing or damaged file), or None if it is whole."""
-    try:
-        state = json.loads((ckpt / "trainer.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"trainer.json unreadable ({e})"
-    for name, want in state.get("files", {}).items():
-        f = ckpt / name
-        if not f.is_file():
-            return f"{name} is missing"
-        if f.stat().st_size != want["bytes"]:
-            return f"{name} has {f.stat().st_size} bytes, {want['bytes']} were written"
-        if _digest(f) != want["sha256"]:
-            return f"{name} does not match its checksum"
-    return None
+def _save(out: Path, step: int, model, opt, position: Position, cfg: PretrainConfig, procs: Processes,
+          elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list]) -> None:
+    save_checkpoint(out, step, lambda folder: save_model(model, folder),
+                    {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
+                    {"epoch": position.epoch, "batch": position.batch, "elapsed_s": elapsed, "start_s": start_s,
+                     "lr_scale": lr_scale, "world_size": procs.world, "options": _options(cfg)},
+                    cfg.keep_checkpoints)
 
 
-def latest_checkpoint(out: Path, log=lambda msg: None) -> Path | None:
-    """The newest whole checkpoint; a damaged one is reported and the one before it used."""
-    candidates = sorted((p for p in (out / "checkpoints").glob("step_*") if p.is_dir()), reverse=True)
-    for ckpt in candidates:
-        problem = checkpoint_problem(ckpt)
-        if problem is None:
-            return ckpt
-        log(f"checkpoint {ckpt} is damaged: {problem}; trying the one before it")
-    return None
-
-
-def _restore(ckpt: Path, model, opt, rank: int, device) -> None:
-    """Weights, optimizer and this rank's RNG from a checkpoint."""
+def _restore(ckpt: Path, model, opt, procs: Processes) -> dict:
+    """Weights, optimizer and this rank's RNG from a checkpoint; returns its trainer.json."""
     resumed, _ = load_model(ckpt, quiet=True)
     model.load_state_dict(resumed.state_dict())
-    trainer = torch.load(ckpt / "trainer.pt", weights_only=True)
-    opt.load_state_dict(trainer["optimizer"])
-    torch.set_rng_state(trainer["torch_rng"][rank])
-    if trainer["cuda_rng"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state(trainer["cuda_rng"][rank], device)
+    state, tensors = read_state(ckpt)
+    opt.load_state_dict(tensors["optimizer"])
+    restore_rng(tensors, procs.rank, procs.device)
+    return state
 
 
 def _check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining) -> dict:
@@ -450,43 +357,6 @@ def accumulate_gradients(net, batch: dict, *, n_predictions: int, grad_accum: in
     return stats
 
 
-# ---- several processes: torchrun + DistributedDataParallel ----------------------------------
-_LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
-
-
-def _init_distributed() -> tuple[int, int, torch.device]:
-    """(rank, world size, device): under torchrun (WORLD_SIZE set) pick this rank's GPU first,
-    then join the process group, nccl on GPUs and gloo on CPUs; a plain run is rank 0 of 1."""
-    global _LONG_WAIT
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = torch.device("cpu")
-    if torch.cuda.is_available():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)  # before any collective: nccl binds each rank to its device
-    if world == 1:
-        return 0, 1, device
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    # tokenizing a real corpus on rank 0 outlasts the default collective timeout (10-30 min)
-    _LONG_WAIT = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=12))
-    return dist.get_rank(), world, device
-
-
-def _agree_with_rank_0(values: list[float], flag: bool, rank: int, device) -> tuple[list[float], bool]:
-    """Rank 0's `values` and whether any rank raised `flag`, on every rank (one small all_reduce):
-    time-based decisions (the budget's lr and its last step) must not differ between ranks."""
-    shared = torch.tensor([*(values if rank == 0 else [0.0] * len(values)), float(flag)],
-                          dtype=torch.float64, device=device)
-    dist.all_reduce(shared)
-    *values, flags = shared.tolist()
-    return values, flags > 0
-
-
-def _barrier(world: int, long: bool = False) -> None:
-    if world > 1:
-        dist.barrier(group=_LONG_WAIT if long else None)
-
-
 # ---- the loop -------------------------------------------------------------------------------
 class _Prefetch:
     """Builds the next batches in a background thread, so a step never waits for masking and
@@ -532,12 +402,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     the W processes takes 1/W of every batch (the same global batch a single process would see)
     and DistributedDataParallel averages the gradients."""
     clock = time.perf_counter()
-    rank, world, device = _init_distributed()
-    main = rank == 0
-    if world > 1:  # the default --out holds a time stamp: take rank 0's, so that all ranks agree
-        shared = [cfg.out]
-        dist.broadcast_object_list(shared, src=0)
-        cfg.out = shared[0]
+    procs = init_processes()
+    rank, world, device, main = procs.rank, procs.world, procs.device, procs.main
+    cfg.out = procs.broadcast(cfg.out)  # the default --out holds a time stamp: rank 0's for all
     if cfg.batch_size % (world * cfg.grad_accum):
         raise BertkitError(f"batch size {cfg.batch_size} is not divisible by {world} processes x "
                            f"{cfg.grad_accum} accumulation steps")
@@ -556,14 +423,14 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         if not ours:
             raise BertkitError(f"{out} is not empty and holds no pretraining run; choose another --out "
                                "(nothing in it was changed)")
-        if any((out / "checkpoints").glob("step_*/trainer.json")) or (out / "model.safetensors").exists():
+        if has_checkpoint(out) or (out / "model.safetensors").exists():
             raise BertkitError(f"{out} already holds a training run; pass --resume to continue it "
                                "or choose another --out")
         log(f"{out} holds a run that stopped before its first checkpoint or only prepared data: "
             "starting training from the beginning")
     if main:
         check_output_folder(out, overwrite=True)  # writable? (what it holds was checked above)
-    _barrier(world)  # every rank has checked --out before rank 0 writes into it
+    procs.barrier()  # every rank has checked --out before rank 0 writes into it
     data = out / "data"
     if main:
         out.mkdir(parents=True, exist_ok=True)
@@ -571,7 +438,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
         tok = _prepare_tokenizer(cfg, data, log)
         train_store, eval_store = _prepare_data(cfg, tok, data, log)
-    _barrier(world, long=True)  # the other ranks open what rank 0 prepared
+    procs.barrier(long=True)  # the other ranks open what rank 0 prepared
     if not main:
         tok = WordPieceTokenizer.from_folder(data)
         train_store, eval_store = _prepare_data(cfg, tok, data, log)
@@ -596,14 +463,14 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     model.to(device)
     if rank:
         torch.manual_seed(cfg.seed + rank)  # other dropout masks on each rank
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    autocast = procs.autocast()
     opt = _optimizer(model, cfg)
     step, position, elapsed0, lr_scale = 0, Position(), 0.0, 1.0
     if ckpt is not None:
         state = _check_resumable(ckpt, cfg, model)
         if state.get("world_size", 1) != world:
             raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
-        _restore(ckpt, model, opt, rank, device)
+        _restore(ckpt, model, opt, procs)
         step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
         lr_scale = state.get("lr_scale", 1.0)
         log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch}"
@@ -611,7 +478,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
     if main and ckpt is not None:
         write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
-    eager = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    eager = procs.wrap(model)
     net = torch.compile(eager) if cfg.compile else eager
     elapsed = lambda: elapsed0 + time.perf_counter() - clock  # the budget's clock
 
@@ -623,21 +490,17 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
                   nsp_hit=0, pairs=0, compute=0.0, steps=0)
     # SIGINT (Ctrl-C) and SIGTERM end the run after the current step, with a checkpoint
-    stop_signal: list[int] = []
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            handlers[sig] = signal.signal(sig, lambda signum, frame: stop_signal.append(signum))
+    signals = StopSignals()
+    signals.install()
     total = cfg.budget or cfg.steps
     bar = tqdm(total=round(total), initial=round(elapsed0 if cfg.budget else step), unit="s" if cfg.budget else "step",
                disable=not (cfg.progress and main), dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
     last_eval, step_s, eval_s, save_s = None, 0.0, 0.0, 0.0
-    skipped = bad_in_a_row = 0  # steps with a non-finite loss or gradient: not applied
+    guard = Guard(MAX_BAD_STEPS)  # steps with a non-finite loss or gradient: not applied
     start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
     now = elapsed()  # the budget's clock (rank 0's) where the last step ended
-    if world > 1:
-        (start_s, now), _ = _agree_with_rank_0([start_s, now], False, rank, device)
+    (start_s, now), _ = procs.agree_with_rank_0([start_s, now], False)
     if cfg.budget and start_s >= cfg.budget:
         raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
     try:
@@ -652,8 +515,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             else:
                 lr = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup, 1)
             lr *= lr_scale  # halved by each roll-back after non-finite steps
-            for group in opt.param_groups:
-                group["lr"] = lr
+            set_lr(opt, lr)
             position, batch = next(data_iter)
             t0 = time.perf_counter()
             n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
@@ -672,32 +534,23 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 dist.all_reduce(stats)
                 stats[1] /= world
             mlm, nsp, *counts = stats.tolist()  # the one read-back per step
-            norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip))
-            finite = math.isfinite(mlm + nsp + norm)  # the same on every rank (reduced loss and gradients)
-            if finite:
-                opt.step()
-                bad_in_a_row = 0
-            else:  # skip the update; after several in a row, return to the last checkpoint at half the lr
-                skipped += 1
-                bad_in_a_row += 1
-                if bad_in_a_row >= MAX_BAD_STEPS:
-                    good = latest_checkpoint(out)
-                    if good is None:
-                        raise BertkitError(f"step {step + 1}: {MAX_BAD_STEPS} steps in a row with a non-finite loss or "
-                                           "gradient and no checkpoint to return to; lower --lr")
-                    state = json.loads((good / "trainer.json").read_text())
-                    _restore(good, model, opt, rank, device)
-                    opt.zero_grad(set_to_none=True)
-                    step, position, lr_scale = state["step"], Position(state["epoch"], state["batch"]), lr_scale / 2
-                    data_iter.close()
-                    data_iter = _Prefetch(batches.iterate(position))
-                    bad_in_a_row = 0
-                    log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
-                    if main:
-                        metrics.write({"step": step, "rolled_back_to": good.name, "lr_scale": lr_scale,
-                                       "skipped_steps": skipped, "elapsed_s": elapsed()})
-                    continue
-            opt.zero_grad(set_to_none=True)
+            # the same on every rank (reduced loss and gradients)
+            finite, _ = clipped_step(model, opt, cfg.clip, math.isfinite(mlm + nsp), guard)
+            if guard.in_a_row >= MAX_BAD_STEPS:  # return to the last checkpoint at half the lr
+                good = latest_checkpoint(out)
+                if good is None:
+                    raise BertkitError(f"step {step + 1}: {MAX_BAD_STEPS} steps in a row with a non-finite loss or "
+                                       "gradient and no checkpoint to return to; lower --lr")
+                state = _restore(good, model, opt, procs)
+                step, position, lr_scale = state["step"], Position(state["epoch"], state["batch"]), lr_scale / 2
+                data_iter.close()
+                data_iter = _Prefetch(batches.iterate(position))
+                guard.in_a_row = 0
+                log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
+                if main:
+                    metrics.write({"step": step, "rolled_back_to": good.name, "lr_scale": lr_scale,
+                                   "skipped_steps": guard.skipped, "elapsed_s": elapsed()})
+                continue
             step += 1
             took = time.perf_counter() - t0
             step_s = 0.8 * step_s + 0.2 * took if step_s else took  # smoothed: one slow step must not end a budget early
@@ -711,17 +564,16 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 window["pairs"] += cfg.batch_size
                 window["steps"] += 1
             window["compute"] += took
-            now, interrupted = elapsed(), bool(stop_signal)
-            if world > 1:  # rank 0's clock and anyone's signal: every rank stops at the same step
-                (now, step_s, eval_s, save_s), interrupted = _agree_with_rank_0(
-                    [now, step_s, eval_s, save_s], interrupted, rank, device)
+            # rank 0's clock and anyone's signal: every rank stops at the same step
+            (now, step_s, eval_s, save_s), interrupted = procs.agree_with_rank_0(
+                [now := elapsed(), step_s, eval_s, save_s], bool(signals))
             bar.update(round(now - bar.n) if cfg.budget else 1)
             # a budgeted run stops when one more step, the final evaluation and the saving would not fit
             last = step >= cfg.steps if cfg.steps else now + step_s > cfg.budget - eval_s - 2 * save_s
             if main and (step % cfg.log_every == 0 or last) and window["steps"]:
                 s = window["steps"]
                 record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
-                          "nsp_loss": window["nsp"] / s, "skipped_steps": skipped,
+                          "nsp_loss": window["nsp"] / s, "skipped_steps": guard.skipped,
                           # accuracy at [MASK] positions; random and unchanged positions apart
                           "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
                           "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
@@ -740,22 +592,15 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 metrics.write(last_eval)
                 eval_s = time.perf_counter() - t_eval
             if (cfg.save_every and step % cfg.save_every == 0) or last or interrupted:
-                rng = [torch.get_rng_state()] * world
-                cuda_rng = [torch.cuda.get_rng_state(device)] * world if device.type == "cuda" else []
-                if world > 1:  # every rank's RNG, for an exact resume
-                    dist.all_gather_object(rng, torch.get_rng_state())
-                    if cuda_rng:
-                        dist.all_gather_object(cuda_rng, torch.cuda.get_rng_state(device))
+                rng = procs.rng_states()  # every rank's, for an exact resume
                 if main:
                     t_save = time.perf_counter()
-                    _save_checkpoint(out, step, model, opt, position, cfg, elapsed(), start_s, lr_scale, rng,
-                                     cuda_rng, world)
+                    _save(out, step, model, opt, position, cfg, procs, elapsed(), start_s, lr_scale, rng)
                     save_s = time.perf_counter() - t_save
-                _barrier(world)
+                procs.barrier()
             if interrupted:
-                raise Interrupted(f"stopped by {signal.Signals(stop_signal[0] if stop_signal else signal.SIGTERM).name} "
-                                  f"at step {step}; the checkpoint is saved: continue with --resume --out {out}",
-                                  stop_signal[0] if stop_signal else signal.SIGTERM)
+                raise Interrupted(f"stopped by {signals.first.name} at step {step}; the checkpoint is saved: "
+                                  f"continue with --resume --out {out}", signals.first)
             if on_step is not None:
                 on_step(step, model)
             if last:
@@ -763,8 +608,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     finally:
         data_iter.close()
         bar.close()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+        signals.restore()
     if not main:
         return None
 
@@ -787,7 +631,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         "final_train": train_records[-1] if train_records else None,
         "final_eval": last_eval,
         "pairs_per_s": sum(r["pairs_per_s"] for r in timed) / max(1, len(timed)),
-        "skipped_steps": skipped,
+        "skipped_steps": guard.skipped,
         "budget_s": cfg.budget,
         "elapsed_s": elapsed(),
         "device": str(device), "config": dataclasses.asdict(cfg),

@@ -1,0 +1,103 @@
+"""Durable checkpoints: OUT/checkpoints/step_NNNNNNN/ holds the model folder, trainer.pt
+(optimizer, scheduler, every rank's RNG) and trainer.json (where the run stood, its options,
+and each file's size and SHA-256). Written to a temporary folder, every file and the folder
+flushed to disk, renamed, and only then are older checkpoints dropped; a damaged checkpoint is
+recognised when it is loaded, and the one before it used."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .log import write_json
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _digest(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def save_checkpoint(out: Path, step: int, write_model: Callable[[Path], None], tensors: dict, state: dict,
+                    keep: int) -> Path:
+    """write_model(folder) writes the model files; `tensors` (optimizer state, RNG ...) go to
+    trainer.pt and `state` (JSON) to trainer.json. Keeps the newest `keep` checkpoints."""
+    root = out / "checkpoints"
+    final = root / f"step_{step:07d}"
+    tmp = root / f".step_{step:07d}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write_model(tmp)
+    torch.save(tensors, tmp / "trainer.pt")
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": _digest(f)} for f in sorted(tmp.iterdir())}
+    write_json(tmp / "trainer.json", {"step": step, **state, "files": files})
+    for f in tmp.iterdir():
+        _fsync(f)
+    _fsync(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(root)
+    kept = sorted(p for p in root.glob("step_*") if p.is_dir())
+    for old in kept[:-keep]:
+        shutil.rmtree(old)
+    return final
+
+
+def checkpoint_problem(ckpt: Path) -> str | None:
+    """Why a checkpoint cannot be used (missing or damaged file), or None if it is whole."""
+    try:
+        state = json.loads((ckpt / "trainer.json").read_text())
+    except (OSError, ValueError) as e:
+        return f"trainer.json unreadable ({e})"
+    for name, want in state.get("files", {}).items():
+        f = ckpt / name
+        if not f.is_file():
+            return f"{name} is missing"
+        if f.stat().st_size != want["bytes"]:
+            return f"{name} has {f.stat().st_size} bytes, {want['bytes']} were written"
+        if _digest(f) != want["sha256"]:
+            return f"{name} does not match its checksum"
+    return None
+
+
+def latest_checkpoint(out: Path, log=lambda msg: None) -> Path | None:
+    """The newest whole checkpoint; a damaged one is reported and the one before it used."""
+    candidates = sorted((p for p in (out / "checkpoints").glob("step_*") if p.is_dir()), reverse=True)
+    for ckpt in candidates:
+        problem = checkpoint_problem(ckpt)
+        if problem is None:
+            return ckpt
+        log(f"checkpoint {ckpt} is damaged: {problem}; trying the one before it")
+    return None
+
+
+def has_checkpoint(out: Path) -> bool:
+    return any((out / "checkpoints").glob("step_*/trainer.json"))
+
+
+def read_state(ckpt: Path) -> tuple[dict, dict]:
+    """(trainer.json, trainer.pt) of a checkpoint."""
+    return json.loads((ckpt / "trainer.json").read_text()), torch.load(ckpt / "trainer.pt", weights_only=True)
+
+
+def restore_rng(tensors: dict, rank: int, device) -> None:
+    """This rank's RNG as it was: dropout continues exactly where it stopped."""
+    torch.set_rng_state(tensors["torch_rng"][rank])
+    if tensors.get("cuda_rng") and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["cuda_rng"][rank], device)

@@ -1,0 +1,88 @@
+"""One process, or several under torchrun: rank, world size, device, and the few collectives
+the loops need. A plain run is rank 0 of 1 and every helper is then a no-op."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+_LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
+
+
+@dataclass
+class Processes:
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self):
+        """bf16 autocast on a GPU; fp32 on a CPU (CPU autocast is slower there)."""
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.device.type == "cuda")
+
+    def barrier(self, long: bool = False) -> None:
+        if self.world > 1:
+            dist.barrier(group=_LONG_WAIT if long else None)
+
+    def broadcast(self, value):
+        """Rank 0's value on every rank (any picklable object)."""
+        if self.world == 1:
+            return value
+        shared = [value]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
+
+    def agree_with_rank_0(self, values: list[float], flag: bool) -> tuple[list[float], bool]:
+        """Rank 0's `values` and whether any rank raised `flag`, on every rank (one small all_reduce):
+        time-based decisions (a budget's lr and its last step) must not differ between ranks."""
+        if self.world == 1:
+            return values, flag
+        shared = torch.tensor([*(values if self.main else [0.0] * len(values)), float(flag)],
+                              dtype=torch.float64, device=self.device)
+        dist.all_reduce(shared)
+        *values, flags = shared.tolist()
+        return values, flags > 0
+
+    def gather(self, value) -> list:
+        """Every rank's value, in rank order, on every rank."""
+        if self.world == 1:
+            return [value]
+        out = [None] * self.world
+        dist.all_gather_object(out, value)
+        return out
+
+    def rng_states(self) -> tuple[list, list]:
+        """Every rank's CPU (and CUDA) RNG state, for an exact resume."""
+        cuda = self.device.type == "cuda"
+        return (self.gather(torch.get_rng_state()),
+                self.gather(torch.cuda.get_rng_state(self.device)) if cuda else [])
+
+    def wrap(self, model: torch.nn.Module, **ddp_options) -> torch.nn.Module:
+        """DistributedDataParallel over the ranks, or the model itself in one process."""
+        if self.world == 1:
+            return model
+        return torch.nn.parallel.DistributedDataParallel(model, **ddp_options)
+
+
+def init_processes() -> Processes:
+    """Under torchrun (WORLD_SIZE set) pick this rank's GPU first, then join the process group,
+    nccl on GPUs and gloo on CPUs; a plain run is rank 0 of 1."""
+    global _LONG_WAIT
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = torch.device("cpu")
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)  # before any collective: nccl binds each rank to its device
+    if world == 1:
+        return Processes(0, 1, device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    # tokenizing a real corpus on rank 0 outlasts the default collective timeout (10-30 min)
+    _LONG_WAIT = dist.new_group(backend="gloo", timeout=datetime.timedelta(hours=12))
+    return Processes(dist.get_rank(), world, device)

@@ -1,0 +1,252 @@
+"""Fine-tuning on the shared training runtime: exact resume after SIGKILL, gradient
+accumulation and two gloo ranks giving one batch's gradients, evaluation split over ranks
+decoding as one process, a time budget, and the folder guards."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertkit.cli import main
+from conftest import save_tiny_bert
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """64 training and 32 evaluation reviews of the real rotten-tomatoes set."""
+    from bertkit.datasets import export
+    folder = tmp_path_factory.mktemp("rt")
+    export("rotten-tomatoes", folder / "all")
+    rows = (folder / "all" / "train.jsonl").read_text().splitlines()
+    (folder / "train.jsonl").write_text("\n".join(rows[:64]) + "\n")
+    (folder / "dev.jsonl").write_text("\n".join(rows[64:96]) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, minilm_folder):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
+
+
+@pytest.fixture(scope="module")
+def tiny_no_dropout(tmp_path_factory, minilm_folder):
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny0"), minilm_folder, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+
+
+def _args(model, data, out, *extra):
+    return ["finetune", "classify", "--model", str(model), "--train", str(data / "train.jsonl"), "--eval",
+            str(data / "dev.jsonl"), "--out", str(out), "--epochs", "3", "--batch-size", "8", "--save-every", "2",
+            "--seed", "1", "--log-every", "1", *extra]
+
+
+_KILL_AT = r'''
+import os, signal, sys
+from bertkit.cli import build_parser
+from bertkit import finetune as ft
+args = build_parser().parse_args(sys.argv[2:])
+real = ft.finetune
+def killing(cfg, on_step=None):
+    # SIGKILL right after step N (its checkpoint, if any, is already on disk)
+    return real(cfg, on_step=lambda step, model: os.kill(os.getpid(), signal.SIGKILL) if step == int(sys.argv[1]) else None)
+ft.finetune = killing
+args.func(args)
+'''
+
+
+def test_sigkill_in_epoch_2_then_resume_equals_an_uninterrupted_run(tmp_path, tiny, data):
+    """Dropout on: the resumed run must restore the RNG, the optimizer, the schedule and the
+    data position to end with the same weights and metrics."""
+    straight = tmp_path / "straight"
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, straight)], capture_output=True,
+                         text=True, env=ENV)
+    assert run.returncode == 0, run.stderr[-2000:]
+    killed = tmp_path / "killed"
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_AT)
+    # 8 steps per epoch: step 11 is in epoch 2, after the checkpoint of step 10
+    run = subprocess.run([sys.executable, str(script), "11", *_args(tiny, data, killed)], capture_output=True,
+                         text=True, env=ENV)
+    assert run.returncode == -9, run.stderr[-2000:]
+    state = json.loads(sorted((killed / "checkpoints").glob("step_*/trainer.json"))[-1].read_text())
+    assert (state["step"], state["epoch"], state["batch"]) == (10, 2, 2)
+    # without --resume the run is refused, nothing lost
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, killed)], capture_output=True,
+                         text=True, env=ENV)
+    assert run.returncode == 2 and "--resume" in run.stderr
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, killed), "--resume"],
+                         capture_output=True, text=True, env=ENV)
+    assert run.returncode == 0, run.stderr[-2000:]
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(killed / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    s1, s2 = (json.loads((d / "summary.json").read_text()) for d in (straight, killed))
+    assert s1["history"] == s2["history"] and s1["steps"] == s2["steps"] == 24
+    lines = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 25))  # no step logged twice
+    assert not (killed / "checkpoints").exists()  # removed once the run completed
+
+
+def test_resume_refuses_changed_options(tmp_path, tiny, data, capsys):
+    out = tmp_path / "run"
+    script = tmp_path / "kill.py"
+    script.write_text(_KILL_AT)
+    subprocess.run([sys.executable, str(script), "3", *_args(tiny, data, out)], env=ENV, capture_output=True)
+    assert main(_args(tiny, data, out, "--resume", "--lr", "1e-3")) == 2
+    assert "changed options (lr: 5e-05 in the checkpoint vs 0.001 now)" in capsys.readouterr().err
+    assert main(_args(tiny, data, tmp_path / "none", "--resume")) == 2
+    assert "no checkpoint to resume from" in capsys.readouterr().err
+
+
+def _grads(model_folder, data, grad_accum, procs=None, rows=None):
+    """One global batch of 8 real reviews through accumulate_gradients; the gradients."""
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.finetune import _Step, accumulate_gradients
+    from bertkit.model import init_weights
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    from bertkit.training.distributed import Processes
+    task = get_task("classify")()
+    examples = task.read(data / "train.jsonl")[:8]
+    task.fit(examples, {"pooling": "pooler", "dropout": 0.0})
+    tok = load_tokenizer(model_folder)
+    torch.manual_seed(0)
+    bert, _ = load_model(model_folder, heads=False)
+    model = TaskModel(bert, task.head(bert.config, bert))
+    init_weights(model.head, bert.config)
+    feats = task.features(examples, tok, 64)
+    procs = procs or Processes(0, 1, torch.device("cpu"))
+    net = procs.wrap(_Step(task, model), find_unused_parameters=True)
+    loss = accumulate_gradients(net, task, feats, tok, procs, grad_accum)
+    return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, loss
+
+
+def test_gradient_accumulation_gives_the_gradients_of_one_batch(tiny_no_dropout, data):
+    one, loss1 = _grads(tiny_no_dropout, data, 1)
+    three, loss3 = _grads(tiny_no_dropout, data, 3)  # micro-batches of 3, 3 and 2 examples
+    assert abs(loss1 - loss3) < 1e-6
+    for name in one:
+        torch.testing.assert_close(three[name], one[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+_DDP = r'''
+import sys, torch, torch.distributed as dist
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from test_finetune_runtime import _grads
+from bertkit.training.distributed import init_processes
+procs = init_processes()
+grads, loss = _grads(Path(sys.argv[2]), Path(sys.argv[3]), 2, procs)
+if procs.main:
+    torch.save({"grads": grads, "loss": loss}, Path(sys.argv[4]) / "ddp.pt")
+dist.destroy_process_group()
+'''
+
+
+def _torchrun(*args, nproc=2):
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                           str(nproc), *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
+
+
+def test_two_ranks_give_the_gradients_of_one_process(tmp_path, tiny_no_dropout, data):
+    """8 reviews: 2 gloo ranks x 2 micro-batches (2 + 2 examples each) equal 1 process."""
+    script = tmp_path / "ddp.py"
+    script.write_text(_DDP)
+    run = _torchrun(script, Path(__file__).parent, tiny_no_dropout, data, tmp_path)
+    assert run.returncode == 0, run.stderr[-3000:]
+    ddp = torch.load(tmp_path / "ddp.pt")
+    one, loss = _grads(tiny_no_dropout, data, 1)
+    assert abs(ddp["loss"] - loss) < 1e-6
+    for name in one:  # DDP's own parameter names: the model sits inside the step module
+        torch.testing.assert_close(ddp["grads"][name], one[name], rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_torchrun_finetune_equals_one_process(tmp_path, tiny_no_dropout, data):
+    """The whole run under torchrun (gloo, dropout 0): one writer, evaluation gathered from both
+    ranks, the same metrics as one process."""
+    args = ["-m", "bertkit", *_args(tiny_no_dropout, data, tmp_path / "ddp", "--option", "dropout=0")]
+    run = _torchrun(*args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert main(_args(tiny_no_dropout, data, tmp_path / "one", "--option", "dropout=0")) == 0
+    s2, s1 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "one"))
+    assert s2["processes"] == 2 and s2["steps"] == s1["steps"] == 24
+    for h1, h2 in zip(s1["history"], s2["history"]):
+        assert h1["accuracy"] == h2["accuracy"] and abs(h1["eval_loss"] - h2["eval_loss"]) < 1e-3
+    lines = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 25))  # one writer
+
+
+_EVAL = r'''
+import json, sys, torch.distributed as dist
+from pathlib import Path
+from bertkit.finetune import _evaluate, load_task_model
+from bertkit.training.distributed import init_processes
+procs = init_processes()
+task, model, tok = load_task_model(sys.argv[1])
+examples = task.read(sys.argv[2])
+feats = task.features(examples, tok, task.info["max_len"])
+result = _evaluate(task, model, feats, examples, tok, 4, procs)
+if procs.main:
+    Path(sys.argv[3]).write_text(json.dumps(result[0]))
+dist.destroy_process_group()
+'''
+
+
+@pytest.mark.parametrize("name", ["qa", "ner"])
+def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny, name):
+    """QA n-best spans over windows and NER word tags, decoded on rank 0 from both ranks' outputs."""
+    from bertkit.datasets import export, squad_subset_file
+    from bertkit.finetune import load_task_model, run_task
+    if name == "qa":
+        squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
+        squad["data"] = squad["data"][:1]
+        squad["data"][0]["paragraphs"] = squad["data"][0]["paragraphs"][:3]
+        path = tmp_path / "qa.json"
+        path.write_text(json.dumps(squad))
+        extra = ["--max-len", "96"]  # several windows per context
+    else:
+        export("wnut16", tmp_path / "wnut")
+        sentences = (tmp_path / "wnut" / "dev.conll").read_text().split("\n\n")[:30]
+        path = tmp_path / "ner.conll"
+        path.write_text("\n\n".join(sentences) + "\n")
+        extra = []
+    assert main(["finetune", name, "--model", str(tiny), "--train", str(path), "--eval", str(path), "--out",
+                 str(tmp_path / "model"), "--epochs", "1", "--batch-size", "8", *extra]) == 0
+    script = tmp_path / "eval.py"
+    script.write_text(_EVAL)
+    run = _torchrun(script, tmp_path / "model", path, tmp_path / "preds.json")
+    assert run.returncode == 0, run.stderr[-3000:]
+    task, model, tok = load_task_model(tmp_path / "model")
+    examples = task.read(path)
+    single, _ = run_task(task, model, task.features(examples, tok, task.info["max_len"]), examples, tok, 4)
+    split = json.loads((tmp_path / "preds.json").read_text())
+    if name == "qa":
+        assert [p["answer"] for p in split] == [p["answer"] for p in single]
+        assert [[c["text"] for c in p["nbest"]] for p in split] == [[c["text"] for c in p["nbest"]] for p in single]
+    else:
+        assert split == single
+
+
+def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny, data):
+    out = tmp_path / "budget"
+    assert main(_args(tiny, data, out, "--budget", "6s")) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    lrs = [r["lr"] for r in lines if "lr" in r]
+    assert summary["train_s"] < 6 + 5  # the closing evaluation may follow the last step
+    assert max(lrs) <= 5e-5 and lrs[-1] < 0.2 * max(lrs)
+    assert summary["epochs_run"] >= 1
+
+
+def test_bad_runtime_options(tmp_path, tiny, data, capsys):
+    assert main(_args(tiny, data, tmp_path / "a", "--grad-accum", "3")) == 2
+    assert "not divisible by --grad-accum 3" in capsys.readouterr().err
+    assert main(_args(tiny, data, tmp_path / "b", "--budget", "soon")) == 2
+    assert "budget 'soon'" in capsys.readouterr().err
+    assert main(_args(tiny, data, tmp_path / "c", "--save-every", "-1")) == 2
+    assert "--save-every" in capsys.readouterr().err
