@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from .checkpoint import load_config, load_model, load_tokenizer, save_model
 from .encode import folder_pooling, precision_context
-from .errors import BertkitError, Interrupted
+from .errors import BertkitError
 from .inputs import parse_json, read_text
 from .model import init_weights
 from .optim import adamw
@@ -458,8 +458,7 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
                 if (cfg.save_every and step % cfg.save_every == 0) or interrupted:
                     save(epoch, b + 1)
                 if interrupted:
-                    raise Interrupted(f"stopped by {signals.first.name} at step {step}; the checkpoint is saved: "
-                                      f"continue with the same command and --resume", signals.first)
+                    signals.stop(step, "continue with the same command and --resume")
                 if on_step is not None:
                     on_step(step, model)
                 if out_of_time:

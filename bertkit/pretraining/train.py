@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from ..checkpoint import load_config, load_model, save_model
 from ..config import PRESETS, BertConfig
-from ..errors import BertkitError, Interrupted
+from ..errors import BertkitError
 from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
 from ..outputs import check_output_folder
@@ -599,8 +599,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
             if interrupted:
-                raise Interrupted(f"stopped by {signals.first.name} at step {step}; the checkpoint is saved: "
-                                  f"continue with --resume --out {out}", signals.first)
+                signals.stop(step, f"continue with --resume --out {out}")
             if on_step is not None:
                 on_step(step, model)
             if last:

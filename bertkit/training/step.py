@@ -9,7 +9,7 @@ import threading
 
 import torch
 
-from ..errors import BertkitError
+from ..errors import BertkitError, Interrupted
 
 
 def parse_duration(value) -> float:
@@ -101,3 +101,8 @@ class StopSignals:
     @property
     def first(self) -> signal.Signals:
         return signal.Signals(self.caught[0] if self.caught else signal.SIGTERM)
+
+    def stop(self, step: int, how_to_continue: str) -> None:
+        """End the run (the caller saved its checkpoint): one line and the signal's exit code."""
+        raise Interrupted(f"stopped by {self.first.name} at step {step}; the checkpoint is saved: {how_to_continue}",
+                          self.first)
