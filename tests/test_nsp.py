@@ -90,3 +90,21 @@ def test_batches_have_bert_layout_and_a_reproducible_order(stores):
     (_, b0), (p1, b1) = next(pb.iterate(Position(0, 0))), next(pb.iterate(Position(1, 0)))
     assert p1.epoch == 1 and not np.array_equal(b0["input_ids"].numpy()[:, :10], b1["input_ids"].numpy()[:, :10])
     assert n > 5
+
+
+def test_batches_mix_shards_and_an_epoch_holds_every_pair_once(stores):
+    """A corpus's shards follow its files: a batch must draw from many of them, and the mixing
+    must neither drop nor repeat a sentence pair."""
+    tok, train, _ = stores
+    assert len(train) >= 4
+    pb = PretrainingBatches(train, tok, 64, 16, MaskingConfig(), seed=3, drop_last=False)
+    seen = []
+    shards_per_batch = []
+    for group in pb._epoch_batches(0):
+        shards_per_batch.append(len({s for s, _ in group}))
+        for s, inst in group:
+            seen += [(s, int(a), int(b)) for a, b in zip(inst.a_start, inst.b_start)]
+    every = [(s, int(a), int(b)) for s in range(len(train))
+             for a, b in zip(pb._shard_instances(0, s).a_start, pb._shard_instances(0, s).b_start)]
+    assert sorted(seen) == sorted(every) and len(set(seen)) == len(seen)  # each pair exactly once
+    assert np.mean(shards_per_batch) >= 3  # shard by shard, almost every batch held one shard

@@ -17,6 +17,8 @@ from .masking import MaskingConfig, mask_tokens
 from .nsp import Instances, make_instances
 from .shards import TokenStore
 
+MIX_SHARDS = 8  # shards whose sentence pairs are shuffled together (the memory held: their instances)
+
 
 @dataclass
 class Position:
@@ -41,31 +43,63 @@ class PretrainingBatches:
         self.continuation = np.zeros(tokenizer.vocab_size, dtype=bool)
         for t, i in vocab.items():
             self.continuation[i] = t.startswith("##")
+        self._cache: dict[tuple[int, int], Instances] = {}
 
-    # ---- one epoch's instances, shard by shard ----
-    def _shard_instances(self, epoch: int) -> Iterator[tuple[int, Instances]]:
+    # ---- one epoch's instances, mixed across shards ----
+    def _shard_instances(self, epoch: int, s: int) -> Instances:
+        return make_instances(self.store.shard(s), self.max_len, np.random.default_rng([self.seed, epoch, s, 0]),
+                              self.short_seq_prob)
+
+    def _epoch_rows(self, epoch: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(shard, instance) index pairs of one epoch, in training order: the shards in a random
+        order, MIX_SHARDS at a time pooled and shuffled together, so that a batch draws from many
+        shards (a corpus's files often follow a topic or a source) while memory holds only the
+        instances of MIX_SHARDS shards. Every instance comes exactly once."""
         order = np.random.default_rng([self.seed, epoch, 2]).permutation(len(self.store))
-        for s in order:
-            inst = make_instances(self.store.shard(int(s)), self.max_len,
-                                  np.random.default_rng([self.seed, epoch, int(s), 0]), self.short_seq_prob)
-            perm = np.random.default_rng([self.seed, epoch, int(s), 1]).permutation(len(inst))
-            yield int(s), inst.take(perm)
+        for k in range(0, len(order), MIX_SHARDS):
+            group = [int(s) for s in order[k:k + MIX_SHARDS]]
+            sizes = [len(self._instances(epoch, s)) for s in group]
+            shard = np.repeat(np.array(group, dtype=np.int64), sizes)
+            index = np.concatenate([np.arange(n) for n in sizes]) if sizes else np.zeros(0, np.int64)
+            # one shard alone keeps the order it always had: [seed, epoch, shard, 1]
+            perm = np.random.default_rng([self.seed, epoch, group[0] if len(group) == 1 else len(self.store) + k,
+                                          1]).permutation(len(shard))
+            yield shard[perm], index[perm]
+
+    def _instances(self, epoch: int, s: int) -> Instances:
+        """The instances of shard s in this epoch (cached for the epoch being read)."""
+        key = (epoch, s)
+        if key not in self._cache:
+            if len(self._cache) >= 2 * MIX_SHARDS:
+                self._cache.clear()
+            self._cache[key] = self._shard_instances(epoch, s)
+        return self._cache[key]
 
     def _epoch_batches(self, epoch: int) -> Iterator[list[tuple[int, Instances]]]:
-        """Groups of (shard, instances) that make one batch each; a batch may span shards."""
-        group, size = [], 0
-        for s, inst in self._shard_instances(epoch):
+        """Groups of (shard, instances) that make one batch each; a batch spans shards."""
+        shard_ids, index_ids = [], []
+        size = 0
+        for shards, indices in self._epoch_rows(epoch):
             start = 0
-            while start < len(inst):
-                take = min(self.batch_size - size, len(inst) - start)
-                group.append((s, inst.take(np.arange(start, start + take))))
+            while start < len(shards):
+                take = min(self.batch_size - size, len(shards) - start)
+                shard_ids.append(shards[start:start + take])
+                index_ids.append(indices[start:start + take])
                 size += take
                 start += take
                 if size == self.batch_size:
-                    yield group
-                    group, size = [], 0
-        if group and not self.drop_last:
-            yield group
+                    yield self._group(epoch, np.concatenate(shard_ids), np.concatenate(index_ids))
+                    shard_ids, index_ids, size = [], [], 0
+        if size and not self.drop_last:
+            yield self._group(epoch, np.concatenate(shard_ids), np.concatenate(index_ids))
+
+    def _group(self, epoch: int, shards: np.ndarray, indices: np.ndarray) -> list[tuple[int, Instances]]:
+        """A batch's rows grouped by shard (a stable sort: one shard keeps its order)."""
+        order = np.argsort(shards, kind="stable")
+        shards, indices = shards[order], indices[order]
+        cuts = np.flatnonzero(np.diff(shards)) + 1
+        return [(int(sh[0]), self._instances(epoch, int(sh[0])).take(ix))
+                for sh, ix in zip(np.split(shards, cuts), np.split(indices, cuts))]
 
     def iterate(self, start: Position = Position()) -> Iterator[tuple[Position, dict]]:
         """Endless batches from `start`; yields (position after this batch, batch)."""
@@ -92,7 +126,7 @@ class PretrainingBatches:
         return out
 
     def count_pairs(self, epoch: int = 0) -> int:
-        return sum(len(inst) for _, inst in self._shard_instances(epoch))
+        return sum(len(self._shard_instances(epoch, s)) for s in range(len(self.store)))
 
     # ---- tokens -> tensors ----
     def build(self, group: list[tuple[int, Instances]], rng: np.random.Generator) -> dict:
