@@ -45,16 +45,21 @@ def _utf16_without_bom(data: bytes) -> bool:
     return False
 
 
-def decode_text(path: str | Path, data: bytes) -> str:
-    """Bytes of `path` as UTF-8; UTF-16 is named as such, another bad byte by offset and line."""
+def check_not_utf16(path: str | Path, head: bytes) -> None:
+    """UTF-16 named as such, from a file's first bytes (2000 are enough)."""
     for bom, name in _UTF16_BOMS.items():
-        if data.startswith(bom):
+        if head.startswith(bom):
             raise BertkitError(f"{path}: the file is {name} text (it starts with the byte-order mark "
                                f"0x{bom.hex()}); save it as UTF-8")
-    # before decoding: UTF-16 of non-ASCII text is seldom valid UTF-8, and is still UTF-16
-    if _utf16_without_bom(data):
+    if _utf16_without_bom(head):
         raise BertkitError(f"{path}: the file looks like UTF-16 text without a byte-order mark (every other "
                            "byte is NUL); save it as UTF-8")
+
+
+def decode_text(path: str | Path, data: bytes) -> str:
+    """Bytes of `path` as UTF-8; UTF-16 is named as such, another bad byte by offset and line."""
+    # before decoding: UTF-16 of non-ASCII text is seldom valid UTF-8, and is still UTF-16
+    check_not_utf16(path, data)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

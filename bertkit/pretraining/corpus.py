@@ -9,13 +9,14 @@ from __future__ import annotations
 import bz2
 import html
 import importlib.util
+import itertools
 import re
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
 
 from ..errors import BertkitError
-from ..inputs import _utf16_without_bom, decode_text, read_bytes
+from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, read_bytes
 
 Document = list[str]
 
@@ -113,9 +114,49 @@ def _read(path: Path) -> str:
     return text
 
 
+def _open(path: Path):
+    try:
+        return path.open("rb")
+    except FileNotFoundError:
+        raise BertkitError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise BertkitError(f"{path}: is a folder, expected a file") from None
+    except PermissionError:
+        raise BertkitError(f"{path}: permission denied: cannot read the file") from None
+    except OSError as e:
+        raise BertkitError(f"{path}: cannot read the file ({e.strerror or e})") from None
+
+
+def _file_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file as _read(path).splitlines() gives them, and the same errors, but
+    read a line at a time: a corpus file may be larger than memory."""
+    with _open(path) as f:
+        check_not_utf16(path, f.read(2000))  # a byte-order mark or UTF-16 without one: named from the head
+        f.seek(0)
+        offset, lineno = 0, 1
+        for raw in f:  # split at b"\n" only: no byte of a multi-byte UTF-8 character is 0x0a
+            nul = raw.find(b"\0")
+            if nul >= 0:
+                raise BertkitError(f"{path}: looks binary: NUL byte at byte offset {offset + nul}")
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                # a NUL anywhere later makes the file binary rather than text with a bad byte
+                rest, at = offset + len(raw), -1
+                for later in f:
+                    if (at := later.find(b"\0")) >= 0:
+                        raise BertkitError(f"{path}: looks binary: NUL byte at byte offset {rest + at}") from None
+                    rest += len(later)
+                raise BertkitError(f"{path}: not UTF-8 text: byte 0x{raw[e.start]:02x} at byte offset "
+                                   f"{offset + e.start} (line {lineno}) is invalid") from None
+            yield from text.splitlines()  # "\n" alone gives one empty line: a document break
+            offset += len(raw)
+            lineno += 1
+
+
 def _file_documents(path: Path) -> Iterator[Document]:
     lines: list[str] = []
-    for line in _read(path).splitlines() + [""]:  # the sentinel flushes the last document
+    for line in itertools.chain(_file_lines(path), [""]):  # the sentinel flushes the last document
         if line.strip():
             lines.append(line)
         elif lines:
