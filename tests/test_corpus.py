@@ -1,5 +1,7 @@
 """Raw text to documents: blank-line boundaries, sentence splitting, bad input, the wiki sample."""
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertkit.errors import BertkitError
 from bertkit.pretraining.corpus import (corpus_stats, iter_documents, load_documents, split_sentences,
@@ -118,3 +120,25 @@ def test_one_document_per_file(tmp_path):
     assert list(iter_documents(tmp_path, per_file=True)) == [
         ["First paragraph.", "Two sentences.", "Second paragraph of a."], ["Only b."]]
     assert len(list(iter_documents(tmp_path))) == 3
+
+
+@settings(max_examples=300, deadline=None)
+@given(blob=st.one_of(
+    st.binary(max_size=3000),
+    st.lists(st.sampled_from(["Sentence one.", "", "\r", "\n", "\r\n", "é", "\u2028", "\x85", "\0", "caf\xe9 ok",
+                              "A line.\n", "\n\n"]), max_size=60).map(lambda xs: "".join(xs).encode("utf-8")),
+    st.lists(st.sampled_from([b"text\n", b"\n", b"\xff", b"\xe9t\xe9\n", b"\0", "é\n".encode()]), max_size=40)
+    .map(b"".join)))
+def test_streamed_lines_equal_the_whole_file_read(tmp_path_factory, blob):
+    """A corpus file is read a line at a time: the same lines and the same errors as reading it whole."""
+    from bertkit.pretraining.corpus import _file_lines, _read
+    path = tmp_path_factory.mktemp("s") / "c.txt"
+    path.write_bytes(blob)
+    try:
+        whole = _read(path).splitlines()
+    except BertkitError as e:
+        with pytest.raises(BertkitError) as streamed:
+            list(_file_lines(path))
+        assert str(streamed.value) == str(e)
+    else:
+        assert list(_file_lines(path)) == whole
