@@ -370,9 +370,12 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
         _, resumed, _ = load_task_model(ckpt, cfg.task, device=device)
         model.load_state_dict(resumed.state_dict())
         opt.load_state_dict(tensors["optimizer"])
-        if state.get("world_size", 1) != procs.world:
-            raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
-        restore_rng(tensors, procs.rank, device)
+        if state.get("world_size", 1) == procs.world:
+            restore_rng(tensors, procs.rank, device)
+        else:  # the same global batches and schedule; each rank's dropout masks cannot carry over
+            torch.manual_seed(cfg.seed + 1000 * state["step"] + procs.rank)
+            log(f"{ckpt} was written by {state.get('world_size', 1)} process(es), resumed in {procs.world}: "
+                "the same global batches and schedule; new dropout masks")
         epoch, batch_index, step, elapsed0 = state["epoch"], state["batch"], state["step"], state["elapsed_s"]
         start_s = state["start_s"]
         best, best_epoch, stale, history = state["best"], state["best_epoch"], state["stale"], state["history"]
@@ -494,6 +497,9 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
             save(epoch, 0)  # the epoch's end: a resume starts the next one
             if stop_early:
                 break
+    except RuntimeError as e:
+        procs.lost_peer(e, out)
+        raise
     finally:
         bar.close()
         signals.restore()

@@ -43,6 +43,16 @@ def wiki_excerpt(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def vocab(tmp_path_factory, wiki_excerpt):
+    """One vocabulary for the runs compared with each other (WordPiece training in `tokenizers`
+    breaks ties in hash order, so two trainings can differ)."""
+    from bertkit.cli import main
+    out = tmp_path_factory.mktemp("vocab")
+    assert main(["tokenizer", "train", "--corpus", str(wiki_excerpt), "--vocab-size", "600", "--out", str(out)]) == 0
+    return out
+
+
 def save_tiny_bert(folder, minilm_folder, **overrides):
     """A 2-layer, 32-wide random BERT with MiniLM's real uncased vocabulary, saved as a model
     folder: seconds to fine-tune or encode with."""

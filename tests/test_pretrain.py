@@ -11,15 +11,6 @@ from bertkit.cli import main
 from bertkit.pretraining.train import PretrainConfig, pretrain
 
 
-@pytest.fixture(scope="module")
-def vocab(tmp_path_factory, wiki_excerpt):
-    """One vocabulary for the runs compared with each other (WordPiece training in `tokenizers`
-    breaks ties in hash order, so two trainings can differ)."""
-    out = tmp_path_factory.mktemp("vocab")
-    assert main(["tokenizer", "train", "--corpus", str(wiki_excerpt), "--vocab-size", "600", "--out", str(out)]) == 0
-    return out
-
-
 def _cfg(corpus, out, **kw):
     base = dict(corpus=str(corpus), model="tiny", out=str(out), steps=6, batch_size=16, max_len=32,
                 vocab_size=600, holdout_every=6, eval_every=3, eval_pairs=32, save_every=3, log_every=1,

@@ -243,12 +243,14 @@ def _save(out: Path, step: int, model, opt, position: Position, cfg: PretrainCon
 
 
 def _restore(ckpt: Path, model, opt, procs: Processes) -> dict:
-    """Weights, optimizer and this rank's RNG from a checkpoint; returns its trainer.json."""
+    """Weights, optimizer and this rank's RNG (if the checkpoint has one) from a checkpoint;
+    returns its trainer.json."""
     resumed, _ = load_model(ckpt, quiet=True)
     model.load_state_dict(resumed.state_dict())
     state, tensors = read_state(ckpt)
     opt.load_state_dict(tensors["optimizer"])
-    restore_rng(tensors, procs.rank, procs.device)
+    if procs.rank < len(tensors["torch_rng"]):
+        restore_rng(tensors, procs.rank, procs.device)
     return state
 
 
@@ -468,9 +470,14 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     step, position, elapsed0, lr_scale = 0, Position(), 0.0, 1.0
     if ckpt is not None:
         state = _check_resumable(ckpt, cfg, model)
-        if state.get("world_size", 1) != world:
-            raise BertkitError(f"{ckpt} was written by {state.get('world_size', 1)} process(es); resume it with as many")
         _restore(ckpt, model, opt, procs)
+        if state.get("world_size", 1) != world:
+            # the global batch, the schedule and the data position carry over; each rank's dropout
+            # masks cannot (they were drawn per rank), so the run continues close to, not exactly as,
+            # an uninterrupted one
+            torch.manual_seed(cfg.seed + 1000 * state["step"] + rank)
+            log(f"{ckpt} was written by {state.get('world_size', 1)} process(es), resumed in {world}: the same "
+                "global batches and schedule; new dropout masks")
         step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
         lr_scale = state.get("lr_scale", 1.0)
         log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch}"
@@ -604,6 +611,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 on_step(step, model)
             if last:
                 break
+    except RuntimeError as e:
+        procs.lost_peer(e, out)
+        raise
     finally:
         data_iter.close()
         bar.close()

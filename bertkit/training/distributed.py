@@ -9,6 +9,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..errors import BertkitError
+
 _LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
 
 
@@ -62,6 +64,16 @@ class Processes:
         cuda = self.device.type == "cuda"
         return (self.gather(torch.get_rng_state()),
                 self.gather(torch.cuda.get_rng_state(self.device)) if cuda else [])
+
+    def lost_peer(self, error: BaseException, out) -> None:
+        """Turn the error of a collective whose peer is gone (a rank died, a node went away) into
+        one clear line; anything else is left to propagate."""
+        text = str(error)
+        if self.world > 1 and isinstance(error, RuntimeError) and (
+                isinstance(error, dist.DistError) or any(w in text for w in ("gloo", "NCCL", "Connection", "peer"))):
+            raise BertkitError(f"rank {self.rank} of {self.world}: lost the other processes ({text.splitlines()[0][:160]}); "
+                               f"a rank or node stopped. The last checkpoint in {out}/checkpoints is whole: "
+                               "continue with --resume (in as many processes, or another count)") from None
 
     def wrap(self, model: torch.nn.Module, **ddp_options) -> torch.nn.Module:
         """DistributedDataParallel over the ranks, or the model itself in one process."""
