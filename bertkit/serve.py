@@ -191,11 +191,13 @@ class Batcher:
                  enabled: bool, on_batch: Callable[[int, int], None]):
         self.run, self.window_s, self.max_tokens, self.enabled = run, window_s, max_tokens, enabled
         self.on_batch = on_batch
-        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertkit-model")
+        self.executor: ThreadPoolExecutor | None = None
         self.queue: asyncio.Queue | None = None
         self.worker: asyncio.Task | None = None
 
     def start(self) -> None:
+        # one model thread: calls never overlap, and the tokenizer is only ever used from it
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bertkit-model")
         self.queue = asyncio.Queue()
         self.worker = asyncio.get_running_loop().create_task(self._work())
 
@@ -217,21 +219,26 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             waiting = [await self.queue.get()]
-            tokens = waiting[0][2]
-            deadline = loop.time() + self.window_s
-            while tokens < self.max_tokens:
-                try:
-                    left = deadline - loop.time()
-                    nxt = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
-                except (asyncio.QueueEmpty, asyncio.TimeoutError):
-                    break
-                waiting.append(nxt)
-                tokens += nxt[2]
-            groups: dict[tuple, list] = {}
-            for request in waiting:
-                groups.setdefault(request[0], []).append(request)
-            for key, requests in groups.items():
-                await self._run_group(loop, key, requests)
+            try:
+                tokens = waiting[0][2]
+                deadline = loop.time() + self.window_s
+                while tokens < self.max_tokens:
+                    try:
+                        left = deadline - loop.time()
+                        nxt = self.queue.get_nowait() if left <= 0 else await asyncio.wait_for(self.queue.get(), left)
+                    except (asyncio.QueueEmpty, asyncio.TimeoutError):
+                        break
+                    waiting.append(nxt)
+                    tokens += nxt[2]
+                groups: dict[tuple, list] = {}
+                for request in waiting:
+                    groups.setdefault(request[0], []).append(request)
+                for key, requests in groups.items():
+                    await self._run_group(loop, key, requests)
+            except Exception as e:  # noqa: BLE001 - the worker must outlive any one batch
+                for *_, future in waiting:
+                    if not future.done():
+                        future.set_exception(e)
 
     async def _run_group(self, loop, key, requests) -> None:
         items = [item for r in requests for item in r[1]]

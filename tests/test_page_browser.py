@@ -71,6 +71,13 @@ def _wait(driver, css, timeout=30):
     return WebDriverWait(driver, timeout).until(ec.visibility_of_element_located((By.CSS_SELECTOR, css)))
 
 
+def _ready(driver, timeout=30):
+    """The page has read /info and wired its buttons."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(driver, timeout).until(
+        lambda d: d.execute_script("return document.getElementById('info').textContent.startsWith('model')"))
+
+
 def _type(driver, element_id, text):
     from selenium.webdriver.common.by import By
     box = driver.find_element(By.ID, element_id)
@@ -87,7 +94,7 @@ def test_fill_mask_and_attention_on_a_model_bertkit_pretrained(browser, tmp_path
     server = Server(folder)
     try:
         browser.get(server.url + "/")
-        _wait(browser, "#run-fill-mask")
+        _ready(browser)
         _type(browser, "text", "The cat sat on the [MASK].")
         browser.find_element(By.ID, "run-fill-mask").click()
         _wait(browser, "#fill-mask-result .bar")
@@ -127,7 +134,7 @@ def test_question_answering_highlights_the_answer(browser, tmp_path_factory, min
     server = Server(work / "model")
     try:
         browser.get(server.url + "/")
-        _wait(browser, "#run-predict")
+        _ready(browser)
         context = "The theory of relativity was written by Albert Einstein in the early twentieth century."
         _type(browser, "text", "Who wrote the theory of relativity?")
         _type(browser, "pair", context)
