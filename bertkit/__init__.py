@@ -1,7 +1,7 @@
 """bertkit: BERT end to end on PyTorch, compatible with the HuggingFace checkpoint layout."""
 from .checkpoint import load_model, save_model
 from .config import PRESETS, BertConfig
-from .encode import Encoder
+from .inference.encode import Encoder
 from .errors import BertkitError
 from .model import BertForPreTraining, BertModel
 from .tokenizer import WordPieceTokenizer

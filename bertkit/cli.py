@@ -36,7 +36,7 @@ def cmd_encode(args) -> None:
     import numpy as np
 
     from .checkpoint import load_config
-    from .encode import Encoder
+    from .inference.encode import Encoder
     from .finetune import check_max_len
     from .inputs import read_text_inputs
     from .outputs import check_output_file
@@ -109,7 +109,7 @@ def cmd_pretrain(args) -> None:
 
 def cmd_fill_mask(args) -> None:
     from .checkpoint import load_model, load_tokenizer
-    from .fill_mask import fill_mask
+    from .inference.fill_mask import fill_mask
 
     if not args.text:
         raise BertkitError("give at least one text with [MASK] in it")
@@ -167,7 +167,7 @@ def cmd_predict(args) -> None:
 
     task, model, tok = load_task_model(args.model, args.task)
     if args.backend == "onnx":  # the encoder and the head on ONNX Runtime
-        from .export import onnx_task_model
+        from .inference.export import onnx_task_model
         if args.precision != "fp32":
             raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
         onnx_task_model(args.model, model)
@@ -182,7 +182,7 @@ def cmd_predict(args) -> None:
 
 
 def cmd_serve(args) -> None:
-    from .serve import ServeConfig, serve
+    from .inference.serve import ServeConfig, serve
 
     serve(ServeConfig(model=args.model, host=args.host, port=args.port, backend=args.backend,
                       batching=not args.no_batching, batch_window_ms=args.batch_window_ms,
@@ -191,7 +191,7 @@ def cmd_serve(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .export import export
+    from .inference.export import export
 
     report = export(args.model, args.out, int8=args.int8, overwrite=args.overwrite)
     print(f"bertkit: wrote {report['onnx']} (largest difference from PyTorch on a check batch: "

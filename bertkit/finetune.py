@@ -20,7 +20,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import load_config, load_model, load_tokenizer, save_model
-from .encode import folder_pooling, precision_context
+from .inference.encode import folder_pooling, precision_context
 from .errors import BertkitError
 from .inputs import parse_json, read_text
 from .model import init_weights

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from bertkit import Encoder
-from bertkit.encode import cosine
+from bertkit.inference.encode import cosine
 
 
 def main(folder: str) -> None:

@@ -6,7 +6,7 @@ import torch
 
 from bertkit import BertkitError, Encoder
 from bertkit.cli import main
-from bertkit.encode import cosine, folder_pooling
+from bertkit.inference.encode import cosine, folder_pooling
 from conftest import SENTENCES
 
 
@@ -158,7 +158,7 @@ def test_encode_runs_in_fp32_unless_bf16_is_asked_for(minilm_folder, encoder):
     # bf16 autocast (once the default on a GPU) moves vectors off their fp32 values
     import contextlib
 
-    from bertkit.encode import precision_context
+    from bertkit.inference.encode import precision_context
     assert isinstance(precision_context(torch.device("cuda")), contextlib.nullcontext)  # the GPU default too
     seen, handle = _watch_first_linear(encoder.model)
     try:

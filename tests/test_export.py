@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from bertkit.attention import attention_maps
+from bertkit.inference.attention import attention_maps
 from bertkit.cli import main
-from bertkit.encode import Encoder
+from bertkit.inference.encode import Encoder
 from conftest import SENTENCES, hf_tester_config, save_tiny_bert
 
 pytest.importorskip("onnxruntime")

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from bertkit.cli import main
-from bertkit.encode import Encoder
+from bertkit.inference.encode import Encoder
 from conftest import SENTENCES, hf_tester_config, save_tiny_bert
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
-from bertkit.serve import ServeConfig, create_app  # noqa: E402
+from bertkit.inference.serve import ServeConfig, create_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def test_encode_equals_the_library_and_the_cli(tiny_bert, tmp_path):
 
 def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_bert):
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.fill_mask import fill_mask
+    from bertkit.inference.fill_mask import fill_mask
     texts = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK]."]
     model, _ = load_model(pretrained)
     expected = fill_mask(model, load_tokenizer(pretrained), texts, 3)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..encode import Encoder, cosine
-from ..fill_mask import fill_mask
+from ..inference.encode import Encoder, cosine
+from ..inference.fill_mask import fill_mask
 from ..model import BertForPreTraining
 from ..tokenizer import MASK, WordPieceTokenizer
 from .shards import TokenStore

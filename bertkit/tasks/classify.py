@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..encode import pool
+from ..inference.encode import pool
 from ..errors import BertkitError
 from ..inputs import read_text_inputs
 from .base import Task, bert_inputs, one_of, pad, probability

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import torch
 
-from .errors import BertkitError
-from .model import BertForPreTraining
-from .tokenizer import MASK, WordPieceTokenizer
+from ..errors import BertkitError
+from ..model import BertForPreTraining
+from ..tokenizer import MASK, WordPieceTokenizer
 
 
 @torch.inference_mode()

@@ -16,10 +16,10 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from .checkpoint import load_model, load_tokenizer
-from .errors import BertkitError
-from .model import BertModel
-from .tokenizer import Batch, WordPieceTokenizer
+from ..checkpoint import load_model, load_tokenizer
+from ..errors import BertkitError
+from ..model import BertModel
+from ..tokenizer import Batch, WordPieceTokenizer
 
 POOLINGS = ("cls", "mean", "pooler")
 PRECISIONS = ("fp32", "bf16")

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from .model import BertModel
+from ..model import BertModel
 
 
 @torch.inference_mode()

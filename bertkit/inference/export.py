@@ -16,8 +16,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from .errors import BertkitError
-from .model import BertModel, BertOutput
+from ..errors import BertkitError
+from ..model import BertModel, BertOutput
 
 ONNX = "model.onnx"
 ONNX_INT8 = "model.int8.onnx"
@@ -96,7 +96,7 @@ class OnnxBert(nn.Module):
 
     @classmethod
     def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxBert":
-        from .checkpoint import load_config
+        from ..checkpoint import load_config
         folder = Path(folder)
         path = folder / (ONNX_INT8 if int8 else ONNX)
         if not path.is_file():
@@ -145,8 +145,8 @@ def onnx_task_model(folder: str | Path, model) -> None:
 def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: bool = False) -> dict:
     """Copy the model folder to `out` and add model.onnx (and model.int8.onnx); returns the
     largest difference between the ONNX and PyTorch outputs on a check batch."""
-    from .checkpoint import load_model, load_tokenizer
-    from .outputs import check_output_folder
+    from ..checkpoint import load_model, load_tokenizer
+    from ..outputs import check_output_folder
 
     folder = Path(folder)
     out = check_output_folder(out, overwrite)
@@ -162,7 +162,7 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
     export_onnx(bert, out / ONNX)
     report = {"onnx": str(out / ONNX), "max_abs_diff": check_parity(bert, tokenizer, out / ONNX)}
     if (folder / "bertkit.json").is_file():
-        from .finetune import load_task_model
+        from ..finetune import load_task_model
         task, task_model, _ = load_task_model(folder, device="cpu")
         export_head(task.name, task_model.head, bert.config.hidden_size, out / HEAD_ONNX)
         report["head"] = str(out / HEAD_ONNX)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Union
 import numpy as np
 import torch
 
-from .errors import BertkitError
+from ..errors import BertkitError
 
 PAGE = Path(__file__).parent / "page" / "index.html"
 
@@ -69,14 +69,14 @@ class Served:
     fine-tuned task (bertkit.json); attention with the torch backend's weights."""
 
     def __init__(self, folder: str | Path, backend: str = "torch"):
-        from .checkpoint import WEIGHTS, load_model, load_tokenizer
+        from ..checkpoint import WEIGHTS, load_model, load_tokenizer
         from .encode import Encoder, folder_pooling
 
         self.folder = Path(folder)
         self.name = self.folder.resolve().name
         self.task = self.task_model = self.mlm_model = None
         if (self.folder / "bertkit.json").is_file():
-            from .finetune import load_task_model
+            from ..finetune import load_task_model
             self.task, self.task_model, self.tokenizer = load_task_model(self.folder, device="cpu")
             body = self.task_model.bert
         else:
@@ -133,7 +133,7 @@ class Served:
         return fill_mask(self.mlm_model, self.tokenizer, items, top_k=key[1])
 
     def run_predict(self, key: tuple, items: list) -> list:
-        from .finetune import run_task, task_max_len
+        from ..finetune import run_task, task_max_len
         max_len = task_max_len(self.task, self.task_model, None)
         feats = self.task.features(items, self.tokenizer, max_len)
         preds, _ = run_task(self.task, self.task_model, feats, items, self.tokenizer)
@@ -154,7 +154,7 @@ class Served:
         """/predict inputs -> the task's examples: strings (or {"text", "text_pair"}) for most
         tasks, {"question", "context"} objects for qa."""
         if self.task.name == "qa":
-            from .tasks.squad import QAExample
+            from ..tasks.squad import QAExample
             out = []
             for i, x in enumerate(inputs):
                 if not (isinstance(x, dict) and isinstance(x.get("question"), str)
