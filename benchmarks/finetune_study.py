@@ -31,7 +31,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from finetune_vs_transformers import RUNS, SETTINGS, _cap, hf_finetune  # noqa: E402
 
-from bertkit.datasets import export  # noqa: E402
+from bertkit.data.registry import export  # noqa: E402
 from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
 
 # run -> setting -> changes from the run's settings; "transformers" is the peer

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from bertkit.datasets import export
+from bertkit.data.registry import export
 from bertkit.finetune import FinetuneConfig, finetune
 from bertkit.optim import adamw, warmup_linear
 from bertkit.tasks import get_task

@@ -21,7 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from finetune_vs_transformers import _cap  # noqa: E402
 
-from bertkit.datasets import export as export_data  # noqa: E402
+from bertkit.data.registry import export as export_data  # noqa: E402
 from bertkit.inference.export import ONNX_INT8, OnnxBert, OnnxHead, HEAD_ONNX, export  # noqa: E402
 from bertkit.finetune import FinetuneConfig, finetune, load_task_model, run_task  # noqa: E402
 

@@ -31,7 +31,7 @@ import numpy as np
 
 
 def sentences(n: int) -> list[str]:
-    from bertkit.datasets import export
+    from bertkit.data.registry import export
     with tempfile.TemporaryDirectory() as tmp:
         export("rotten-tomatoes", tmp)
         rows = [json.loads(line) for line in (Path(tmp) / "train.jsonl").read_text().splitlines()]

@@ -204,7 +204,7 @@ def cmd_export(args) -> None:
 
 
 def cmd_data_export(args) -> None:
-    from .datasets import export
+    from .data.registry import export
 
     summary = export(args.name, args.out, overwrite=args.overwrite)
     counts = {k: v for k, v in summary["counts"].items() if isinstance(v, int)}
@@ -214,7 +214,7 @@ def cmd_data_export(args) -> None:
 
 
 def cmd_data_list(args) -> None:
-    from .datasets import available
+    from .data.registry import available
 
     for name, line in available().items():
         print(f"{name:20} {line}")
@@ -357,7 +357,7 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
     ex.set_defaults(func=cmd_export)
 
-    from .datasets import DATASETS
+    from .data.registry import DATASETS
     d = sub.add_parser("data", help="the built-in real data sets, in the standard file formats")
     dsub = d.add_subparsers(dest="action", required=True)
     de = dsub.add_parser("export", help="write a data set with its fixed seeded split")

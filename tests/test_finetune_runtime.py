@@ -20,7 +20,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     """64 training and 32 evaluation reviews of the real rotten-tomatoes set."""
-    from bertkit.datasets import export
+    from bertkit.data.registry import export
     folder = tmp_path_factory.mktemp("rt")
     export("rotten-tomatoes", folder / "all")
     rows = (folder / "all" / "train.jsonl").read_text().splitlines()
@@ -200,7 +200,8 @@ dist.destroy_process_group()
 @pytest.mark.parametrize("name", ["qa", "ner"])
 def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny, name):
     """QA n-best spans over windows and NER word tags, decoded on rank 0 from both ranks' outputs."""
-    from bertkit.datasets import export, squad_subset_file
+    from bertkit.data.registry import export
+    from bertkit.data.squad_subset import squad_subset_file
     from bertkit.finetune import load_task_model, run_task
     if name == "qa":
         squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))

@@ -58,7 +58,7 @@ def test_utf16_is_named_as_utf16(tmp_path, encoding, name):
 
 
 def test_readers_give_one_line_for_folders_and_missing_files(tmp_path):
-    from bertkit.datasets import read_conll
+    from bertkit.data.readers import read_conll
     from bertkit.inputs import read_text
     from bertkit.pretraining.corpus import iter_documents
     from bertkit.tokenizer import WordPieceTokenizer

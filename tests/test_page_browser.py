@@ -122,7 +122,7 @@ def test_fill_mask_and_attention_on_a_model_bertkit_pretrained(browser, tmp_path
 
 def test_question_answering_highlights_the_answer(browser, tmp_path_factory, minilm_folder):
     from selenium.webdriver.common.by import By
-    from bertkit.datasets import squad_subset_file
+    from bertkit.data.squad_subset import squad_subset_file
     tiny = save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
     squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
     article = squad["data"][0]

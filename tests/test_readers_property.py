@@ -29,7 +29,7 @@ from typing import Callable
 import pytest
 from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
-from bertkit.datasets import read_classify, read_conll, read_summarize, read_word
+from bertkit.data.readers import read_classify, read_conll, read_summarize, read_word
 from bertkit.errors import BertkitError
 from bertkit.inputs import read_text_inputs
 from bertkit.pretraining.corpus import iter_documents

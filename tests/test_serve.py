@@ -57,7 +57,7 @@ def classifier(tmp_path_factory, tiny_bert):
 
 @pytest.fixture(scope="module")
 def qa_model(tmp_path_factory, tiny_bert):
-    from bertkit.datasets import squad_subset_file
+    from bertkit.data.squad_subset import squad_subset_file
     squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
     article = squad["data"][0]
     article["paragraphs"] = article["paragraphs"][:1]

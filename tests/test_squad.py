@@ -7,7 +7,7 @@ import torch
 from tokenizers import Tokenizer
 
 from bertkit import BertkitError, WordPieceTokenizer
-from bertkit.datasets import squad_subset_file
+from bertkit.data.squad_subset import squad_subset_file
 from bertkit.tasks.squad import (QAExample, best_spans, exact_match, f1, make_windows, normalize_answer,
                                  predictions, read_squad, split_by_article, squad_metrics)
 

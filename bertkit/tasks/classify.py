@@ -47,7 +47,7 @@ class ClassifyTask(Task):
         return "BertForSequenceClassification" if linear_on_pooler else "BertModel"
 
     def read(self, path):
-        from ..datasets import read_classify
+        from ..data.readers import read_classify
         rows = read_classify(path)
         for r in rows:
             r["label"] = _label(r["label"])

@@ -40,7 +40,7 @@ class NerTask(Task):
     use_crf = False
 
     def read(self, path):
-        from ..datasets import read_conll
+        from ..data.readers import read_conll
         return [{"words": w, "tags": t} for w, t in read_conll(path)]
 
     def read_inputs(self, path=None, texts=None):

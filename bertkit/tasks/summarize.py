@@ -31,7 +31,7 @@ class SummarizeTask(Task):
     options = {"k": int_at_least(1), "max_words": int_at_least(1), "dropout": probability}
 
     def read(self, path):
-        from ..datasets import read_summarize
+        from ..data.readers import read_summarize
         return read_summarize(path)
 
     def read_inputs(self, path=None, texts=None):

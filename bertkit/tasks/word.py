@@ -37,7 +37,7 @@ class WordTask(Task):
     options = {"tied": boolean}
 
     def read(self, path):
-        from ..datasets import read_word
+        from ..data.readers import read_word
         return read_word(path)
 
     def read_inputs(self, path=None, texts=None):

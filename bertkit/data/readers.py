@@ -1,0 +1,229 @@
+"""Readers of bertkit's training file formats (classify tables, CoNLL, summarize and word
+files). They never skip data silently: a malformed row is a BertkitError naming the file, the
+1-based line and the problem."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from collections.abc import Iterator
+from functools import lru_cache
+from pathlib import Path
+
+from ..errors import BertkitError
+from ..inputs import jsonl_rows, read_lines, read_text
+
+
+def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ...] | None = None
+                ) -> Iterator[tuple[int, dict]]:
+    """(line, row) of a CSV/TSV/JSONL file; rows of a table are dicts by header. A table whose
+    first row lacks the required columns is read as `headerless` columns if its width matches."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        for lineno, row in jsonl_rows(path):
+            missing = [c for c in required if c not in row]
+            if missing:
+                raise BertkitError(f"{path}, line {lineno}: missing field {missing[0]!r} "
+                                   f"(the row has {', '.join(map(repr, row)) or 'no fields'})")
+            yield lineno, row
+        return
+    if suffix not in (".csv", ".tsv"):
+        raise BertkitError(f"{path}: expected a .csv, .tsv or .jsonl file")
+    # strict: a file that ends inside a quoted field (cut short) is an error, not a last row
+    # holding half its value; so is text after a closing quote (`"abc"def`)
+    reader = csv.reader(io.StringIO(read_text(path).removeprefix("\ufeff"), newline=""),
+                        delimiter="\t" if suffix == ".tsv" else ",", strict=True)
+    header, end = None, 0
+    while True:
+        start = end + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            why = (f"{e}: the file ends inside a quoted field (a quote not closed, or the file is cut short)"
+                   if "unexpected end of data" in str(e) else str(e))
+            raise BertkitError(f"{path}, line {reader.line_num}: malformed {suffix[1:].upper()} ({why})") from None
+        end = reader.line_num
+        if not fields or fields == [""]:
+            continue  # a blank line is no row
+        if header is None:
+            columns = [c.strip() for c in fields]
+            if all(c in columns for c in required):
+                header = columns
+                continue
+            # a first row naming a column is a header, even a broken one (`text,wor` of a file cut
+            # short): never a row of data
+            if headerless is None or len(fields) != len(headerless) or any(c in required for c in columns):
+                raise BertkitError(f"{path}, line {start}: the header needs columns {', '.join(required)}; "
+                                   f"it has {', '.join(c if c.isprintable() else repr(c) for c in columns)}")
+            header = list(headerless)
+        if len(fields) != len(header):
+            raise BertkitError(f"{path}, line {start}: expected {len(header)} fields ({', '.join(header)}), "
+                               f"found {len(fields)}")
+        yield start, dict(zip(header, fields))
+
+
+def _nonempty_string(path, lineno, row: dict, key: str) -> str:
+    value = row[key]
+    if not isinstance(value, str):
+        raise BertkitError(f"{path}, line {lineno}: {key!r} must be a string, found {json.dumps(value)}")
+    if not value.strip():
+        raise BertkitError(f"{path}, line {lineno}: {key!r} is empty")
+    return value
+
+
+def read_classify(path: str | Path) -> list[dict]:
+    """Rows {"text", "label"} (and "text_pair" where the file has it) of a CSV, TSV or JSONL file.
+    A label is a string or an int; a table's labels become ints when all of them are integers."""
+    path = Path(path)
+    rows, has_pair, kinds = [], None, {}
+    for lineno, row in _table_rows(path, ("text", "label")):
+        example = {"text": _nonempty_string(path, lineno, row, "text")}
+        pair = "text_pair" in row and row["text_pair"] is not None
+        if has_pair is None:
+            has_pair = pair
+        elif pair != has_pair:
+            raise BertkitError(f"{path}, line {lineno}: " + ("has a text_pair but earlier rows do not" if pair else
+                               "has no text_pair but earlier rows do"))
+        if pair:
+            example["text_pair"] = _nonempty_string(path, lineno, row, "text_pair")
+        label = row["label"]
+        if isinstance(label, bool) or not isinstance(label, (str, int)):
+            raise BertkitError(f"{path}, line {lineno}: 'label' must be a string or an integer, "
+                               f"found {json.dumps(label)}")
+        if isinstance(label, str):
+            label = label.strip()
+            if not label:
+                raise BertkitError(f"{path}, line {lineno}: 'label' is empty")
+        kinds.setdefault(type(label), lineno)
+        if len(kinds) > 1:
+            raise BertkitError(f"{path}, line {lineno}: 'label' mixes strings and integers "
+                               f"(line {min(kinds.values())} has the other kind)")
+        example["label"] = label
+        rows.append(example)
+    if not rows:
+        raise BertkitError(f"{path}: no examples")
+    if path.suffix.lower() != ".jsonl" and all(re.fullmatch(r"-?\d+", r["label"]) for r in rows):
+        for r in rows:
+            r["label"] = int(r["label"])
+    return rows
+
+
+def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
+    """Sentences (tokens, tags) of a CoNLL file: `token<whitespace>tag` per line with the tag
+    last (middle columns, as in CoNLL-2003, are ignored), a blank line between sentences.
+    `-DOCSTART-` lines are document markers, not tokens."""
+    path = Path(path)
+    sentences, tokens, tags = [], [], []
+    for lineno, line in enumerate(read_lines(path) + [""], 1):
+        fields = line.split()
+        if not fields:
+            if tokens:
+                sentences.append((tokens, tags))
+                tokens, tags = [], []
+            continue
+        if fields[0] == "-DOCSTART-":
+            continue
+        if len(fields) < 2:
+            raise BertkitError(f"{path}, line {lineno}: expected 'token tag', found one field {fields[0]!r} "
+                               "(the tag is missing)")
+        tokens.append(fields[0])
+        tags.append(fields[-1])
+    if not sentences:
+        raise BertkitError(f"{path}: no sentences")
+    return sentences
+
+
+@lru_cache(maxsize=1)
+def _rouge():
+    try:
+        from rouge_score import rouge_scorer
+    except ImportError:
+        raise BertkitError("deriving extractive labels from a summary needs rouge-score: "
+                           "pip install rouge-score==0.1.2") from None
+    return rouge_scorer.RougeScorer(["rouge1", "rouge2"])
+
+
+def greedy_labels(sentences: list[str], summary: str) -> list[int]:
+    """Extractive labels by greedy ROUGE matching: add the sentence that most improves
+    ROUGE-1 F + ROUGE-2 F of the selection against the summary, while the score improves."""
+    scorer = _rouge()
+    chosen: list[int] = []
+    best = 0.0
+    while True:
+        step = None
+        for i in range(len(sentences)):
+            if i in chosen:
+                continue
+            selection = " ".join(sentences[j] for j in sorted(chosen + [i]))
+            s = scorer.score(summary, selection)
+            score = s["rouge1"].fmeasure + s["rouge2"].fmeasure
+            if score > best and (step is None or score > step[1]):
+                step = (i, score)
+        if step is None:
+            return [int(i in chosen) for i in range(len(sentences))]
+        chosen.append(step[0])
+        best = step[1]
+
+
+def read_summarize(path: str | Path) -> list[dict]:
+    """Documents {"sentences", "labels"} of a JSONL file whose rows hold either "sentences" and
+    0/1 "labels", or "document" and "summary": the document is split into sentences and labelled
+    by greedy ROUGE matching against the summary (rows then keep "summary" too)."""
+    from ..pretraining.corpus import split_sentences
+    path = Path(path)
+    if path.suffix.lower() != ".jsonl":
+        raise BertkitError(f"{path}: expected a .jsonl file")
+    docs = []
+    for lineno, row in jsonl_rows(path):
+        where = f"{path}, line {lineno}"
+        if "sentences" in row:
+            sentences, labels = row["sentences"], row.get("labels")
+            if not isinstance(sentences, list) or not all(isinstance(s, str) for s in sentences):
+                raise BertkitError(f"{where}: 'sentences' must be a list of strings")
+            if not sentences:
+                raise BertkitError(f"{where}: the document has no sentences")
+            empty = next((i for i, s in enumerate(sentences) if not s.strip()), None)
+            if empty is not None:
+                raise BertkitError(f"{where}: sentence {empty + 1} is empty")
+            if not isinstance(labels, list) or not all(v in (0, 1) and not isinstance(v, float) for v in labels):
+                raise BertkitError(f"{where}: 'labels' must be a list of 0/1 integers")
+            if len(labels) != len(sentences):
+                raise BertkitError(f"{where}: {len(sentences)} sentences but {len(labels)} labels")
+            docs.append({"sentences": sentences, "labels": [int(v) for v in labels]})
+        elif "document" in row:
+            if "summary" not in row:
+                raise BertkitError(f"{where}: a 'document' needs a 'summary' to derive labels from")
+            document = row["document"]
+            summary = _nonempty_string(path, lineno, row, "summary")
+            if not isinstance(document, str):
+                raise BertkitError(f"{where}: 'document' must be a string")
+            sentences = split_sentences(document)
+            if not sentences:
+                raise BertkitError(f"{where}: the document has no sentences")
+            docs.append({"sentences": sentences, "labels": greedy_labels(sentences, summary), "summary": summary})
+        else:
+            raise BertkitError(f"{where}: expected 'sentences' and 'labels', or 'document' and 'summary'; "
+                               f"the row has {', '.join(map(repr, row)) or 'no fields'}")
+    if not docs:
+        raise BertkitError(f"{path}: no documents")
+    return docs
+
+
+def read_word(path: str | Path) -> list[dict]:
+    """Rows {"text", "word"} of a CSV/TSV (header `text,word`, or no header and two columns)
+    or JSONL file; the word must be one token: no spaces."""
+    path = Path(path)
+    rows = []
+    for lineno, row in _table_rows(path, ("text", "word"), headerless=("text", "word")):
+        text = _nonempty_string(path, lineno, row, "text")
+        word = _nonempty_string(path, lineno, row, "word").strip()
+        if any(c.isspace() for c in word):
+            raise BertkitError(f"{path}, line {lineno}: the word must be one token without spaces, found {word!r}")
+        rows.append({"text": text, "word": word})
+    if not rows:
+        raise BertkitError(f"{path}: no examples")
+    return rows
