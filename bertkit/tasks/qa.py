@@ -13,7 +13,7 @@ from torch import nn
 from ..errors import BertkitError
 from ..inputs import jsonl_rows
 from .base import Task, bert_inputs, boolean, finite_number, int_at_least, pad
-from .squad import QAExample, best_spans, make_windows, read_squad, squad_metrics
+from .squad import QAExample, QAFeatures, best_spans, make_windows, read_squad, squad_metrics
 
 
 class SpanHead(nn.Module):
@@ -54,11 +54,12 @@ class QATask(Task):
         stride = int(self.info.get("doc_stride", min(128, max_len // 4)))
         query = int(self.info.get("max_query_len", min(64, max_len // 4)))
         windows = make_windows(examples, tokenizer, max_len=max_len, doc_stride=stride, max_query_len=query)
-        self._windows = windows  # decoding needs the windows' offsets
         return [{"input_ids": windows.input_ids[i], "token_type_ids": windows.token_type_ids[i],
                  "attention_mask": windows.attention_mask[i], "start_positions": windows.start_positions[i],
                  "end_positions": windows.end_positions[i], "has_targets": bool(examples[windows.example_index[i]].answers)
-                 or examples[windows.example_index[i]].is_impossible}
+                 or examples[windows.example_index[i]].is_impossible,
+                 # what decoding needs: the window's example and its tokens' characters in the context
+                 "example_index": windows.example_index[i], "offsets": windows.offsets[i]}
                 for i in range(len(windows))]
 
     def collate(self, feats, tokenizer):
@@ -82,7 +83,9 @@ class QATask(Task):
         T = max(s.size(1) for s, _ in outputs)
         start = torch.cat([F.pad(s, (0, T - s.size(1)), value=-1e4) for s, _ in outputs])
         end = torch.cat([F.pad(e, (0, T - e.size(1)), value=-1e4) for _, e in outputs])
-        nbest = best_spans(start, end, self._windows, examples, n_best=int(self.info.get("n_best", 20)),
+        windows = QAFeatures(input_ids=[f["input_ids"] for f in feats], offsets=[f["offsets"] for f in feats],
+                             example_index=[f["example_index"] for f in feats])
+        nbest = best_spans(start, end, windows, examples, n_best=int(self.info.get("n_best", 20)),
                            max_answer_len=int(self.info.get("max_answer_len", 30)),
                            null_score_diff=float(self.info.get("null_score_diff", 0.0)),
                            version_2=bool(self.info.get("version_2", False)))

@@ -48,20 +48,21 @@ class WordTask(Task):
 
     def features(self, examples, tokenizer, max_len):
         encs = tokenizer.encode_unpadded([ex["text"] for ex in examples], None, max_len)
+        candidates = self._whole_words(tokenizer)
+        vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
         unreachable = 0
         feats = []
         for ex, e in zip(examples, encs):
             target = tokenizer.token_to_id(ex["word"].lower() if tokenizer.lowercase else ex["word"]) if ex["word"] else None
             unreachable += ex["word"] is not None and target is None
             feats.append({"input_ids": e.ids, "token_type_ids": e.type_ids, "attention_mask": [1] * len(e.ids),
-                          "labels": -100 if target is None else target})
+                          "labels": -100 if target is None else target,
+                          # what forward and decode need, shared by every feature (one object each)
+                          "candidates": candidates, "vocabulary": vocabulary})
         if unreachable:
             # kept (they score as misses), never silently dropped
             print(f"bertkit: {unreachable} of {len(examples)} target word(s) are not single vocabulary tokens: "
                   "they cannot be predicted and count as wrong", file=sys.stderr)
-        self._candidates = self._whole_words(tokenizer)
-        self._tokens = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
-        self._lowercase = tokenizer.lowercase
         return feats
 
     @staticmethod
@@ -72,7 +73,9 @@ class WordTask(Task):
         return allowed
 
     def collate(self, feats, tokenizer):
-        return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100})
+        batch = pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100})
+        batch["candidates"] = feats[0]["candidates"]  # (V,) bool: whole-word tokens
+        return batch
 
     def head(self, cfg, bert):
         return WordHead(cfg, bert.embeddings.word, tied=self.info.get("tied", True))
@@ -82,25 +85,28 @@ class WordTask(Task):
         logits = model.head(out.sequence_output[:, 0]).float()                 # (B, V)
         labels = batch["labels"]
         loss = F.cross_entropy(logits, labels, ignore_index=-100) if (labels != -100).any() else None
-        logits = logits.masked_fill(~self._candidates.to(logits.device), float("-inf"))
+        logits = logits.masked_fill(~batch["candidates"], float("-inf"))
         probs, ids = logits.softmax(-1).topk(10, dim=-1)
         return loss, (ids.cpu(), probs.cpu())
 
     def decode(self, outputs, feats, examples):
         ids = torch.cat([o[0] for o in outputs]).tolist()
         probs = torch.cat([o[1] for o in outputs]).tolist()
-        return [{"word": self._tokens[row[0]], "top": [{"word": self._tokens[i], "score": p} for i, p in zip(row, ps)]}
-                for row, ps in zip(ids, probs)]
+        vocabulary = feats[0]["vocabulary"] if feats else []
+        # "target": the gold word as a vocabulary token (None without one, or when it is not a
+        # single token: such a target is never hit)
+        return [{"word": vocabulary[row[0]], "top": [{"word": vocabulary[i], "score": p} for i, p in zip(row, ps)],
+                 "target": vocabulary[f["labels"]] if f["labels"] != -100 else None}
+                for row, ps, f in zip(ids, probs, feats)]
 
     def metrics(self, predictions, examples):
         hits1 = hits5 = 0
-        for p, ex in zip(predictions, examples):
-            target = ex["word"].lower() if self._lowercase else ex["word"]
+        for p in predictions:
             top5 = [t["word"] for t in p["top"][:5]]
-            hits1 += top5[0] == target
-            hits5 += target in top5
+            hits1 += p["target"] is not None and top5[0] == p["target"]
+            hits5 += p["target"] is not None and p["target"] in top5
         n = max(1, len(examples))
         return {"acc@1": hits1 / n, "acc@5": hits5 / n, "examples": len(examples)}
 
     def describe(self, prediction, example):
-        return {"text": example["text"], **prediction}
+        return {"text": example["text"], "word": prediction["word"], "top": prediction["top"]}
