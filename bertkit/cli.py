@@ -140,6 +140,9 @@ def _task_options(args) -> dict:
 
 def cmd_finetune(args) -> None:
     from .finetune import FinetuneConfig, finetune
+    from .tasks import get_task
+
+    get_task(args.task)().check_options(_task_options(args))  # a misspelled key fails before any work
 
     cfg = FinetuneConfig(task=args.task, model=args.model, train=args.train, eval=args.eval, out=args.out,
                          epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
@@ -300,9 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")
     ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
+    from .tasks import OPTION_KEYS
     ft.add_argument("--option", action="append", metavar="KEY=VALUE",
-                    help="task option, e.g. k=3 (summarize), doc_stride=128 (qa), pooling=cls (classify); "
-                         "an unknown key is an error that lists the task's keys")
+                    help="task option, checked before anything is read: "
+                         + "; ".join(f"{task}: {keys}" for task, keys in OPTION_KEYS.items()))
     ft.add_argument("--overwrite", action="store_true",
                     help="write into --out even when it is not empty (its files may be replaced)")
     ft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (the batch size stays the same)")

@@ -250,3 +250,12 @@ def test_classification_metrics_on_a_hand_checked_case():
     # a: P 1/2 R 1/2 F 1/2; b: P 2/3 R 1 F 4/5; c: F 0 -> macro (0.5 + 0.8 + 0) / 3
     assert m["macro_f1"] == pytest.approx((0.5 + 0.8 + 0.0) / 3)
     assert m["confusion_matrix"]["rows_gold_cols_predicted"] == [[1, 1, 0], [0, 2, 0], [1, 0, 0]]
+
+
+def test_help_lists_every_tasks_option_keys():
+    """`finetune --help` lists each task's --option keys without importing the tasks: the list
+    must be the tasks' own."""
+    from bertkit.tasks import OPTION_KEYS, TASKS, get_task
+    assert set(OPTION_KEYS) == set(TASKS)
+    for name, keys in OPTION_KEYS.items():
+        assert keys.split(", ") == list(get_task(name).options), name
