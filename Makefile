@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench bench-recipes bench-gpu clean
+.PHONY: demo test test-all bench bench-recipes bench-serve bench-finetune-study bench-gpu clean
 
 $(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,6 +46,17 @@ bench: $(VENV)/.bench
 # which pretraining recipe learns most in 10 minutes (about 90 minutes on 2 cores)
 bench-recipes: $(VENV)/.runtime
 	$(PY) benchmarks/pretrain_recipes.py
+
+# serving and inference: whole-process encode speed against transformers and ONNX Runtime, the
+# server under load (1, 8, 64 clients; batching on and off), what int8 costs on a real task
+bench-serve: $(VENV)/.test
+	$(PY) benchmarks/encode_speed.py
+	$(PY) benchmarks/serve_load.py
+	$(PY) benchmarks/onnx_int8.py
+
+# fine-tuning defaults against transformers over 3 seeds (about 90 minutes on 2 cores)
+bench-finetune-study: $(VENV)/.test
+	$(PY) benchmarks/finetune_study.py
 
 # BERT-base steps on one GPU, bertkit beside transformers; says so and exits 0 without a GPU
 bench-gpu: $(VENV)/.test
