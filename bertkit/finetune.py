@@ -128,6 +128,18 @@ def save_task_model(model: TaskModel, task: Task, tokenizer: WordPieceTokenizer,
                architecture=task.hf_architecture, config_extra=task.hf_config())
 
 
+def fine_tuned_task(folder: str | Path) -> str | None:
+    """The task a folder was fine-tuned for (its bertkit.json), or None: no bertkit.json, or a
+    pretraining run's ("task": "pretraining")."""
+    from .tasks import TASKS
+    try:
+        info = json.loads((Path(folder) / "bertkit.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    task = info.get("task") if isinstance(info, dict) else None
+    return task if task in TASKS else None
+
+
 def load_task_model(folder: str | Path, task_name: str | None = None, device=None):
     """A fine-tuned folder -> (task, model in eval mode, tokenizer)."""
     folder = Path(folder)

@@ -161,8 +161,8 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
             shutil.copy2(f, out / f.name)
     export_onnx(bert, out / ONNX)
     report = {"onnx": str(out / ONNX), "max_abs_diff": check_parity(bert, tokenizer, out / ONNX)}
-    if (folder / "bertkit.json").is_file():
-        from ..finetune import load_task_model
+    from ..finetune import fine_tuned_task, load_task_model
+    if fine_tuned_task(folder):
         task, task_model, _ = load_task_model(folder, device="cpu")
         export_head(task.name, task_model.head, bert.config.hidden_size, out / HEAD_ONNX)
         report["head"] = str(out / HEAD_ONNX)

@@ -75,8 +75,8 @@ class Served:
         self.folder = Path(folder)
         self.name = self.folder.resolve().name
         self.task = self.task_model = self.mlm_model = None
-        if (self.folder / "bertkit.json").is_file():
-            from ..finetune import load_task_model
+        from ..finetune import fine_tuned_task, load_task_model
+        if fine_tuned_task(self.folder):
             self.task, self.task_model, self.tokenizer = load_task_model(self.folder, device="cpu")
             body = self.task_model.bert
         else:
@@ -436,7 +436,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     @app.post("/predict", summary="the folder's fine-tuned task: classify, ner, tag, qa, summarize or word")
     async def predict(body: PredictRequest):
         if served.task is None:
-            raise RequestError(400, f"{served.name} is not fine-tuned for a task (no bertkit.json): "
+            raise RequestError(400, f"{served.name} is not fine-tuned for a task (its bertkit.json names none): "
                                     "use /encode, /fill-mask or /attention")
         if len(body.inputs) > cfg.max_texts:
             raise RequestError(413, f"inputs: {len(body.inputs)} inputs, over the limit of {cfg.max_texts} "
