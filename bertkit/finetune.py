@@ -343,7 +343,9 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     # by accident), then the model folder, then the data
     task = get_task(cfg.task)()
     user_options = task.check_options(cfg.options)
-    ckpt = _check_out(cfg, out, log)
+    # rank 0 checks --out (a check writes a probe into it), then every rank takes its answer
+    ckpt = procs.broadcast(str(_check_out(cfg, out, log) or "") if main else None)
+    ckpt = Path(ckpt) if ckpt else None
     if cfg.batch_size % procs.world:
         raise BertkitError(f"--batch-size {cfg.batch_size} is not divisible by {procs.world} processes")
     model_cfg = load_config(cfg.model)
