@@ -79,31 +79,41 @@ def test_two_nodes_on_loopback_train_one_model(tmp_path, wiki_excerpt, vocab):
     assert state["world_size"] == 2 and state["step"] == 4
 
 
-@pytest.mark.parametrize("nproc", [1, 4])
-def test_a_two_process_checkpoint_resumes_in_other_process_counts(tmp_path, wiki_excerpt, vocab, nproc):
-    """The global batch stays 16 pairs: the schedule and the data position continue, and with
-    dropout off the resumed steps match an uninterrupted run's."""
-    import shutil
-    first = tmp_path / "first"  # an 8-step run stopped after its step-4 checkpoint
-    cmd, _ = _torchrun(tmp_path, 2, _options(wiki_excerpt, vocab, first, 8))
+@pytest.fixture(scope="module")
+def two_process_checkpoint(tmp_path_factory, wiki_excerpt, vocab):
+    """An 8-step run in 2 processes stopped after its step-4 checkpoint, and the same 8 steps in
+    one process without a stop."""
+    tmp = tmp_path_factory.mktemp("resume")
+    first = tmp / "first"
+    cmd, _ = _torchrun(tmp, 2, _options(wiki_excerpt, vocab, first, 8))
     subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "KILL_RANK_AT_STEP": "0,4"}, timeout=300)
     assert json.loads((latest_checkpoint(first) / "trainer.json").read_text())["step"] == 4
+    cmd, _ = _torchrun(tmp, 1, _options(wiki_excerpt, vocab, tmp / "straight", 8))
+    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return first, tmp / "straight"
+
+
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_a_two_process_checkpoint_resumes_in_other_process_counts(tmp_path, wiki_excerpt, vocab, nproc,
+                                                                  two_process_checkpoint):
+    """The global batch stays 16 pairs: the schedule and the data position continue, and with
+    dropout off (the default recipe) the resumed steps match an uninterrupted run's."""
+    import shutil
+    first, straight = two_process_checkpoint
     out = tmp_path / "resumed"
     shutil.copytree(first, out)
     cmd, _ = _torchrun(tmp_path, nproc, _options(wiki_excerpt, vocab, out, 8, resume=True))
     run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    cmd, _ = _torchrun(tmp_path, 1, _options(wiki_excerpt, vocab, tmp_path / "straight", 8))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
 
     def records(folder):
         return {r["step"]: r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
-    resumed, straight = records(out), records(tmp_path / "straight")
+    resumed, uninterrupted = records(out), records(straight)
     assert sorted(resumed) == list(range(1, 9))
     for step in range(5, 9):  # the same lr and nearly the same loss: the same batches at the same point
-        assert resumed[step]["lr"] == pytest.approx(straight[step]["lr"], rel=1e-9)
-        assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], abs=2e-3)
+        assert resumed[step]["lr"] == pytest.approx(uninterrupted[step]["lr"], rel=1e-9)
+        assert resumed[step]["loss"] == pytest.approx(uninterrupted[step]["loss"], abs=2e-3)
     assert json.loads((latest_checkpoint(out) / "trainer.json").read_text())["world_size"] == nproc
 
 
