@@ -25,23 +25,26 @@ from pathlib import Path
 
 import torch
 
-# one change at a time from the default recipe ("fast"), plus the textbook's
+# one change at a time from the earlier default (batch 128, 15% masking, NSP weight 1, no dropout,
+# lr 2e-3, length 64), spelled out so that the table reruns the same whatever the default now is;
+# the best of them, combined, is the default recipe `fast` since this study
+EARLIER = ["--batch-size", "128", "--mask-prob", "0.15", "--nsp-weight", "1"]
 RECIPES: dict[str, list[str]] = {
-    "fast": [],
+    "earlier default": EARLIER,
     "textbook": ["--recipe", "textbook"],
-    "batch 64": ["--batch-size", "64"],
-    "lr 1e-3": ["--lr", "1e-3"],
-    "lr 4e-3": ["--lr", "4e-3"],
-    "mask 30%": ["--mask-prob", "0.3"],
-    "mask 40%": ["--mask-prob", "0.4"],
-    "dropout 0.1": ["--dropout", "0.1"],
-    "nsp weight 0.25": ["--nsp-weight", "0.25"],
-    "length 32, batch 256": ["--max-len", "32", "--batch-size", "256"],
-    "length 128, batch 64": ["--max-len", "128", "--batch-size", "64"],
-    "batch 64, mask 30%, nsp 0.25": ["--batch-size", "64", "--mask-prob", "0.3", "--nsp-weight", "0.25"],
+    "batch 64": [*EARLIER, "--batch-size", "64"],
+    "lr 1e-3": [*EARLIER, "--lr", "1e-3"],
+    "lr 4e-3": [*EARLIER, "--lr", "4e-3"],
+    "mask 30%": [*EARLIER, "--mask-prob", "0.3"],
+    "mask 40%": [*EARLIER, "--mask-prob", "0.4"],
+    "dropout 0.1": [*EARLIER, "--dropout", "0.1"],
+    "nsp weight 0.25": [*EARLIER, "--nsp-weight", "0.25"],
+    "length 32, batch 256": [*EARLIER, "--max-len", "32", "--batch-size", "256"],
+    "length 128, batch 64": [*EARLIER, "--max-len", "128", "--batch-size", "64"],
+    "batch 64, mask 30%, nsp 0.25 (default: fast)": [],
 }
 BATCH = {"textbook": 512, "batch 64": 64, "length 32, batch 256": 128, "length 128, batch 64": 64,
-         "batch 64, mask 30%, nsp 0.25": 64}
+         "batch 64, mask 30%, nsp 0.25 (default: fast)": 64}
 
 
 def prepare(work: Path) -> Path:
@@ -83,7 +86,7 @@ def plot(results: dict, path: Path, budget: str) -> None:
     for name, r in results.items():
         points = list(zip(*r["curve"]))
         minutes = [t / 60 for t in points[0]]
-        width = 2.5 if name in ("fast", "textbook") else 1.2
+        width = 2.5 if "default" in name or name == "textbook" else 1.2
         acc.plot(minutes, [100 * a for a in points[1]], label=name, linewidth=width)
         if len(points) > 2:
             loss.plot(minutes, points[2], label=name, linewidth=width)

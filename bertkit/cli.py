@@ -252,12 +252,12 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
     pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
     pt.add_argument("--recipe", choices=["fast", "textbook"],
-                    help="fast (default: batch 128, no dropout; chosen by measurement) or textbook (batch 512, "
-                         "dropout 0.1); every option below overrides the recipe")
+                    help="fast (default: batch 64, 30%% masking, NSP weight 0.25, no dropout; chosen by measurement) "
+                         "or textbook (batch 512, 15%% masking, dropout 0.1); every option below overrides the recipe")
     pt.add_argument("--budget", help="wall-clock budget, e.g. 90s, 10m, 1.5h (default 10m); warm-up and decay "
                                      "follow its elapsed share")
     pt.add_argument("--steps", type=int, help="optimizer steps instead of a budget")
-    pt.add_argument("--batch-size", type=int, help="sentence pairs per step (recipe: 128, textbook 512)")
+    pt.add_argument("--batch-size", type=int, help="sentence pairs per step (recipe: 64, textbook 512)")
     pt.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
     pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")
     pt.add_argument("--lr", type=float, help="peak learning rate (recipe's from scratch, 5e-5 from a folder)")
@@ -265,10 +265,10 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--dropout", type=float, help="dropout while pretraining (recipe: 0, textbook 0.1)")
     pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")
     pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 8192)")
-    pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (default 0.15)")
+    pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (recipe: 0.3, textbook 0.15)")
     pt.add_argument("--max-predictions", type=int, help="per sequence (default ceil(max_len x mask_prob))")
     pt.add_argument("--whole-word", action="store_true", help="mask all pieces of a word together")
-    pt.add_argument("--nsp-weight", type=float, help="loss = mlm + w x nsp (default 1.0)")
+    pt.add_argument("--nsp-weight", type=float, help="loss = mlm + w x nsp (recipe: 0.25, textbook 1.0)")
     pt.add_argument("--holdout-every", type=int, help="hold out every N-th document (default 20)")
     pt.add_argument("--eval-every", type=int, help="steps between evaluations (default 100)")
     pt.add_argument("--eval-pairs", type=int, help="held-out sentence pairs per evaluation (default 1024)")

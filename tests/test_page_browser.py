@@ -142,6 +142,9 @@ def test_question_answering_highlights_the_answer(browser, tmp_path_factory, min
         answer = _wait(browser, "#predict-result mark.answer")
         assert answer.text and answer.text in context
         browser.find_element(By.ID, "run-attention").click()
-        _wait(browser, "#attention-svg line.weight")
+        _wait(browser, "#attention-svg")
+        assert browser.find_elements(By.CSS_SELECTOR, "#attention-svg line.weight")
+        tokens = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "#attention-svg text.left")]
+        assert tokens.count("[SEP]") == 2  # the question and its context, as one pair
     finally:
         server.stop()

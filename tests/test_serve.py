@@ -145,7 +145,7 @@ def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_
         assert preds[1]["text_pair"] == "too long"
     captured = subprocess.run([sys.executable, "-m", "bertkit", "predict", "classify", "--model", str(classifier),
                                "a moving film"], capture_output=True, text=True, check=True).stdout
-    assert json.loads(captured)["scores"] == pytest.approx(preds[0]["scores"], abs=1e-6)
+    assert json.loads(captured)["scores"] == pytest.approx(preds[0]["scores"], abs=1e-5)  # other batch, padding
     folder, context = qa_model
     with client(folder) as c:
         r = c.post("/predict", json={"inputs": [{"question": "What is it about?", "context": context}]})
@@ -190,10 +190,10 @@ def test_other_errors(tiny_bert, pretrained):
         assert r.status_code == 422 and "token arrays" in r.json()["error"]
         r = c.post("/v1/embeddings", json={"input": "x", "dimensions": 8})
         assert r.status_code == 422 and "32 dimensions" in r.json()["error"]
-        r = c.post("/attention", json={"text": "word " * 200})
-        assert r.status_code == 413 and "--max-attention-tokens" in r.json()["error"]
         assert c.get("/health").json() == {"status": "ok"}  # still serving
     with client(pretrained) as c:
+        r = c.post("/attention", json={"text": "word " * 200})
+        assert r.status_code == 413 and "--max-attention-tokens" in r.json()["error"]
         r = c.post("/fill-mask", json={"texts": ["no mask here"]})
         assert r.status_code == 422 and "no [MASK]" in r.json()["error"]
         r = c.post("/fill-mask", json={"texts": ["a [MASK]"], "top_k": 1000})

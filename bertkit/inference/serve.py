@@ -22,6 +22,7 @@ from typing import Any, Callable, Literal, Union
 
 import numpy as np
 import torch
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import BertkitError
 
@@ -263,6 +264,36 @@ class Batcher:
             start += len(its)
 
 
+# ---------------------------------------------------------------- request bodies
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+class EncodeRequest(Strict):
+    texts: list[str] = Field(min_length=1, description="texts to encode")
+    text_pairs: list[str] | None = Field(None, description="second texts: each vector is of the pair")
+    pooling: Literal["cls", "mean", "pooler"] | None = Field(None, description="default: the folder's")
+    normalize: bool = False
+
+class EmbeddingsRequest(BaseModel):  # OpenAI's fields; unknown ones are ignored, as clients add their own
+    input: Union[str, list[str], list[int], list[list[int]]]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+class FillMaskRequest(Strict):
+    texts: list[str] = Field(min_length=1, description="texts with one or more [MASK]")
+    top_k: int = Field(5, ge=1)
+
+class PredictRequest(Strict):
+    inputs: list[Union[str, dict[str, Any]]] = Field(
+        min_length=1, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
+
+class AttentionRequest(Strict):
+    text: str
+    text_pair: str | None = None
+
+
 # ---------------------------------------------------------------- the app
 
 def create_app(cfg: ServeConfig, served: Served | None = None):
@@ -270,7 +301,6 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
-    from pydantic import BaseModel, ConfigDict, Field
 
     cfg.check()
     served = served or Served(cfg.model, cfg.backend)
@@ -290,9 +320,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         batch_texts.observe(n_texts)
         tokens_total.inc(n_tokens)
 
-    runs = {"encode": served.run_encode, "fill-mask": served.run_fill_mask, "predict": served.run_predict,
-            "attention": served.run_attention}
-    batcher = Batcher(lambda key, items: runs[key[0]](key, items), cfg.batch_window_ms / 1000,
+    runs = {"encode": "run_encode", "fill-mask": "run_fill_mask", "predict": "run_predict", "attention": "run_attention"}
+    batcher = Batcher(lambda key, items: getattr(served, runs[key[0]])(key, items), cfg.batch_window_ms / 1000,
                       cfg.batch_tokens, cfg.batching, on_batch)
 
     from contextlib import asynccontextmanager
@@ -338,35 +367,6 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         requests_total.labels(endpoint, str(response.status_code)).inc()
         latency.labels(endpoint).observe(time.perf_counter() - start)
         return response
-
-    # ---- request bodies ----
-    class Strict(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-
-    class EncodeRequest(Strict):
-        texts: list[str] = Field(min_length=1, description="texts to encode")
-        text_pairs: list[str] | None = Field(None, description="second texts: each vector is of the pair")
-        pooling: Literal["cls", "mean", "pooler"] | None = Field(None, description="default: the folder's")
-        normalize: bool = False
-
-    class EmbeddingsRequest(BaseModel):  # OpenAI's fields; unknown ones are ignored, as clients add their own
-        input: Union[str, list[str], list[int], list[list[int]]]
-        model: str | None = None
-        encoding_format: Literal["float", "base64"] = "float"
-        dimensions: int | None = None
-        user: str | None = None
-
-    class FillMaskRequest(Strict):
-        texts: list[str] = Field(min_length=1, description="texts with one or more [MASK]")
-        top_k: int = Field(5, ge=1)
-
-    class PredictRequest(Strict):
-        inputs: list[Union[str, dict[str, Any]]] = Field(
-            min_length=1, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
-
-    class AttentionRequest(Strict):
-        text: str
-        text_pair: str | None = None
 
     def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens) -> int:
         if len(texts) > cfg.max_texts:
@@ -547,7 +547,6 @@ def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     cfg.check()
-    torch.set_grad_enabled(False)
     app = create_app(cfg)
     print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
           f"(API docs: /docs, /openapi.json)", flush=True)
