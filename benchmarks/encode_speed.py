@@ -81,7 +81,9 @@ def main():
     minilm = str(get_model_path())
     work = Path(tempfile.mkdtemp(prefix="encode_speed_"))
     export("rotten-tomatoes", work / "rt")
-    texts = [json.loads(line)["text"] for line in (work / "rt" / "train.jsonl").read_text().splitlines()][:args.n]
+    rows = [json.loads(line) for line in (work / "rt" / "train.jsonl").read_text().split("\n") if line.strip()]
+    # one text per line for every peer: no text holding a line separator of its own (U+2028 ...)
+    texts = [r["text"] for r in rows if len(r["text"].splitlines()) == 1][:args.n]
     (work / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     (work / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
     onnx_folder = work / "minilm-onnx"

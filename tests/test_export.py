@@ -88,6 +88,22 @@ def test_cli_encode_and_predict_with_the_onnx_backend(tmp_path, tiny_bert, expor
         assert a["label"] == b["label"] and a["scores"] == pytest.approx(b["scores"], abs=1e-4)
 
 
+def test_export_keeps_a_sentence_transformers_pooling(tmp_path, tiny_bert):
+    """The exported folder pools as its source does (modules.json and 1_Pooling/ come along)."""
+    import shutil
+    src = tmp_path / "st"
+    shutil.copytree(tiny_bert, src)
+    (src / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                   "type": "sentence_transformers.models.Pooling"}]))
+    (src / "1_Pooling").mkdir()
+    (src / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    assert main(["export", "--model", str(src), "--out", str(tmp_path / "onnx")]) == 0
+    onnx = Encoder.from_folder(tmp_path / "onnx", backend="onnx")
+    assert onnx.default_pooling == "mean"
+    np.testing.assert_allclose(onnx.encode(SENTENCES), Encoder.from_folder(src, device="cpu").encode(SENTENCES),
+                               atol=1e-4)
+
+
 def test_export_refuses_to_overwrite(tiny_bert, exported, capsys):
     assert main(["export", "--model", str(tiny_bert), "--out", str(exported)]) == 2
     assert "--overwrite" in capsys.readouterr().err

@@ -21,7 +21,8 @@ from ..model import BertModel, BertOutput
 
 ONNX = "model.onnx"
 ONNX_INT8 = "model.int8.onnx"
-HEAD_ONNX = "head.onnx"  # a fine-tuned folder's task head: its input is what the task feeds it
+HEAD_ONNX = "head.onnx"
+SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model  # a fine-tuned folder's task head: its input is what the task feeds it
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUTS = ("sequence_output", "pooled_output")
 
@@ -156,9 +157,11 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
     bert, _ = load_model(folder, heads=False, quiet=True)
     bert.eval()
     out.mkdir(parents=True, exist_ok=True)
-    for f in folder.iterdir():
-        if f.is_file() and f.name not in (ONNX, ONNX_INT8):
+    for f in folder.iterdir():  # the folder's files and sub-folders (a sentence-transformers pooling config)
+        if f.is_file() and f.name not in (ONNX, ONNX_INT8, HEAD_ONNX):
             shutil.copy2(f, out / f.name)
+        elif f.is_dir() and f.name not in SKIP_FOLDERS:
+            shutil.copytree(f, out / f.name, dirs_exist_ok=True)
     export_onnx(bert, out / ONNX)
     report = {"onnx": str(out / ONNX), "max_abs_diff": check_parity(bert, tokenizer, out / ONNX)}
     from ..finetune import fine_tuned_task, load_task_model

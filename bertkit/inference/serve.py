@@ -36,7 +36,7 @@ class ServeConfig:
     port: int = 8000
     backend: str = "torch"             # or "onnx": the encoder on ONNX Runtime (needs `bertkit export`)
     batching: bool = True
-    batch_window_ms: float = 5.0       # how long the first request of a batch waits for company
+    batch_window_ms: float = 0.0       # extra wait for company; 0: join what arrived while the model was busy
     batch_tokens: int = 16384          # a batch closes early once this many tokens wait
     max_body_bytes: int = 1 << 20      # 1 MiB
     max_texts: int = 256               # texts per request
