@@ -15,9 +15,15 @@ from .errors import BertkitError
 
 def read_bytes(path: str | Path) -> bytes:
     """A whole file's bytes; a missing, unreadable or folder path is one line naming it."""
+    with open_binary(path) as f:
+        return f.read()
+
+
+def open_binary(path: str | Path):
+    """The file opened for reading bytes; a missing, unreadable or folder path is one line naming it."""
     path = Path(path)
     try:
-        return path.read_bytes()
+        return path.open("rb")
     except FileNotFoundError:
         raise BertkitError(f"{path}: no such file") from None
     except IsADirectoryError:

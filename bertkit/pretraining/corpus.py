@@ -16,7 +16,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from ..errors import BertkitError
-from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, read_bytes
+from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, open_binary, read_bytes
 
 Document = list[str]
 
@@ -114,23 +114,10 @@ def _read(path: Path) -> str:
     return text
 
 
-def _open(path: Path):
-    try:
-        return path.open("rb")
-    except FileNotFoundError:
-        raise BertkitError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BertkitError(f"{path}: is a folder, expected a file") from None
-    except PermissionError:
-        raise BertkitError(f"{path}: permission denied: cannot read the file") from None
-    except OSError as e:
-        raise BertkitError(f"{path}: cannot read the file ({e.strerror or e})") from None
-
-
 def _file_lines(path: Path) -> Iterator[str]:
     """The lines of a text file as _read(path).splitlines() gives them, and the same errors, but
     read a line at a time: a corpus file may be larger than memory."""
-    with _open(path) as f:
+    with open_binary(path) as f:
         check_not_utf16(path, f.read(2000))  # a byte-order mark or UTF-16 without one: named from the head
         f.seek(0)
         offset, lineno = 0, 1
