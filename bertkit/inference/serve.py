@@ -4,10 +4,11 @@ Endpoints: POST /encode, /v1/embeddings (OpenAI-compatible), /fill-mask, /predic
 fine-tuned task), /attention; GET /health, /info, /metrics (Prometheus), /openapi.json and the
 page at /.
 
-Dynamic batching: concurrent requests wait in a queue for at most `batch_window_ms` (or until
-`batch_tokens` tokens are waiting), compatible ones are joined into one model call, and the
-model runs on one worker thread, off the event loop. Every limit is checked before a request
-is queued, so a bad request fails alone, with a JSON error naming the limit or the field.
+Dynamic batching: requests queue while the model is busy; when it is free, the compatible
+requests waiting (up to `batch_tokens` tokens, after an optional `batch_window_ms` wait) are
+joined into one model call, run on one worker thread, off the event loop. Every limit is checked
+before a request is queued, so a bad request fails alone, with a JSON error naming the limit or
+the field.
 """
 from __future__ import annotations
 
