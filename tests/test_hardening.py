@@ -84,7 +84,7 @@ def test_unreadable_file_names_the_file(tmp_path):
     path.write_text("x")
     if os.geteuid() == 0:  # root reads anything: simulate the failure below the reader
         from unittest import mock
-        with mock.patch("pathlib.Path.read_bytes", side_effect=PermissionError(13, "Permission denied")):
+        with mock.patch("pathlib.Path.open", side_effect=PermissionError(13, "Permission denied")):
             with pytest.raises(BertkitError, match="secret.txt: permission denied"):
                 read_text(path)
         return
