@@ -42,9 +42,10 @@ RECIPES: dict[str, list[str]] = {
     "length 32, batch 256": [*EARLIER, "--max-len", "32", "--batch-size", "256"],
     "length 128, batch 64": [*EARLIER, "--max-len", "128", "--batch-size", "64"],
     "batch 64, mask 30%, nsp 0.25 (default: fast)": [],
+    "length 32, batch 128, mask 30%, nsp 0.25": ["--max-len", "32", "--batch-size", "128"],
 }
 BATCH = {"textbook": 512, "batch 64": 64, "length 32, batch 256": 128, "length 128, batch 64": 64,
-         "batch 64, mask 30%, nsp 0.25 (default: fast)": 64}
+         "batch 64, mask 30%, nsp 0.25 (default: fast)": 64, "length 32, batch 128, mask 30%, nsp 0.25": 64}
 
 
 def prepare(work: Path) -> Path:
