@@ -505,6 +505,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                disable=not (cfg.progress and main), dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
     last_eval, step_s, eval_s, save_s = None, 0.0, 0.0, 0.0
+    end = cfg.budget  # where the budget's schedule ends
     guard = Guard(MAX_BAD_STEPS)  # steps with a non-finite loss or gradient: not applied
     start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
     now = elapsed()  # the budget's clock (rank 0's) where the last step ended
@@ -516,7 +517,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             if cfg.budget:
                 # the schedule spans the budget after the first run's data preparation and before the
                 # closing work (the final evaluation and saves), so the lr reaches 0 as training ends
-                end = cfg.budget - eval_s - 2 * save_s
+                # (it only ever moves earlier: a faster save must not raise the lr again)
+                end = min(end, cfg.budget - eval_s - 2 * save_s)
                 lr = cfg.lr * lr_factor(now - start_s, end - start_s, cfg.warmup, step_s or cfg.budget / 1000)
             elif step >= cfg.steps:
                 break  # resumed from the final checkpoint
