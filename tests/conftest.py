@@ -44,6 +44,12 @@ def wiki_excerpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, minilm_folder):
+    """A tiny random BERT folder (save_tiny_bert) shared by the tests that only read it."""
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
+
+
+@pytest.fixture(scope="session")
 def vocab(tmp_path_factory, wiki_excerpt):
     """One vocabulary for the runs compared with each other (WordPiece training in `tokenizers`
     breaks ties in hash order, so two trainings can differ)."""

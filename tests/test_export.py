@@ -9,14 +9,9 @@ import torch
 from bertkit.inference.attention import attention_maps
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from conftest import SENTENCES, hf_tester_config, save_tiny_bert
+from conftest import SENTENCES, hf_tester_config
 
 pytest.importorskip("onnxruntime")
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory, minilm_folder):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
 
 
 @pytest.fixture(scope="module")

@@ -16,17 +16,12 @@ import torch
 
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from conftest import SENTENCES, hf_tester_config, save_tiny_bert
+from conftest import SENTENCES, hf_tester_config
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from bertkit.inference.serve import ServeConfig, create_app  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory, minilm_folder):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
 
 
 @pytest.fixture(scope="module")
