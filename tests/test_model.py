@@ -45,7 +45,7 @@ def test_pretraining_heads_shapes_losses_and_gradients():
     with torch.no_grad():
         assert model(ids, types, mask, mlm_positions=positions).mlm_logits.shape == (13, 3, 99)
     out = model(ids, types, mask, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp)
-    assert out.mlm_predictions.shape == (13, 3) and out.nsp_logits.shape == (13, 2)
+    assert out.mlm_correct.shape == (13, 3) and out.nsp_logits.shape == (13, 2)
     assert out.sequence_output.shape == (13, 7, 32) and out.pooled_output.shape == (13, 32)
     torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
     out.loss.backward()
@@ -123,12 +123,13 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
             if fused:
                 out = model(ids, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp, mlm_denominator=20.0)
                 assert out.mlm_logits is None
-                mlm, pred = out.mlm_loss, out.mlm_predictions
+                assert out.mlm_predictions is None
+                mlm, pred = out.mlm_loss, out.mlm_correct
             else:
                 out = model(ids, mlm_positions=positions, nsp_labels=nsp)
                 mlm = F.cross_entropy(out.mlm_logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100,
                                       reduction="sum") / 20.0
-                pred = out.mlm_logits.argmax(-1)
+                pred = out.mlm_logits.argmax(-1) == labels
         (mlm + out.nsp_loss).backward()
         return mlm.detach(), pred, {k: p.grad.clone() for k, p in model.named_parameters()}
 
@@ -141,8 +142,10 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
         assert torch.equal(pred_f[used], pred_p[used])
     for name in grads_p:
         torch.testing.assert_close(grads_f[name], grads_p[name], **tol, msg=name)
+    assert not pred_f[~used].any()
     # evaluation (no gradients) keeps the logits and the plain loss
     with torch.no_grad():
         out = model(ids, mlm_positions=positions, mlm_labels=labels)
     assert out.mlm_logits.shape == (13, 3, 99)
+    assert torch.equal(out.mlm_correct, (out.mlm_predictions == labels) & used)
     torch.testing.assert_close(out.mlm_loss * used.sum(), loss_p * 20.0, rtol=1e-4, atol=1e-5)

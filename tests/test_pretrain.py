@@ -35,12 +35,14 @@ def _lines(out):
     return [keep(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path, wiki_excerpt, vocab):
-    straight = pretrain(_cfg(wiki_excerpt, tmp_path / "a", vocab=str(vocab)))
+# one phase; and a first phase on pairs of 24 tokens for half of 8 steps, stopped inside it
+@pytest.mark.parametrize("phases", [{}, dict(steps=8, max_len=48, short_len=24, short_share=0.5)])
+def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path, wiki_excerpt, vocab, phases):
+    straight = pretrain(_cfg(wiki_excerpt, tmp_path / "a", vocab=str(vocab), **phases))
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab)), on_step=_stop_at(3))
+        pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), **phases), on_step=_stop_at(3))
     assert not (tmp_path / "b" / "model.safetensors").exists()
-    resumed = pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), resume=True))
+    resumed = pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), resume=True, **phases))
     a = load_file(str(tmp_path / "a" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "model.safetensors"))
     assert a.keys() == b.keys()
@@ -48,6 +50,25 @@ def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path, wiki_excerpt,
         assert torch.equal(a[name], b[name]), name
     assert _lines(tmp_path / "a") == _lines(tmp_path / "b")
     assert straight["final_train"]["loss"] == resumed["final_train"]["loss"]
+
+
+def test_a_first_phase_on_short_pairs_then_full_length(tmp_path, wiki_excerpt, vocab):
+    """short_len: the first short_share of the steps on pairs of short_len tokens in batches as
+    many times larger (the same tokens per step), then max_len; the held-out pairs are max_len."""
+    out = tmp_path / "run"
+    summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=10, max_len=48, short_len=24, short_share=0.3,
+                            eval_every=10, save_every=0))
+    train = [r for r in _lines(out) if "mlm_loss" in r]
+    assert [(r["phase"], r["max_len"]) for r in train] == [(0, 24)] * 3 + [(1, 48)] * 7
+    assert summary["pairs_seen"] == 3 * 32 + 7 * 16
+    assert summary["config"]["short_len"] == 24
+    # the recipe's first phase is dropped when the pairs are that short already; a user's is checked
+    assert _cfg(wiki_excerpt, out, max_len=32).short_len == 0
+    assert _cfg(wiki_excerpt, out, max_len=64).short_len == 32
+    with pytest.raises(BertkitError, match="short_len"):
+        _cfg(wiki_excerpt, out, max_len=32, short_len=40)
+    with pytest.raises(BertkitError, match="short_share"):
+        _cfg(wiki_excerpt, out, max_len=64, short_share=1.5)
 
 
 def test_a_short_run_lowers_the_mlm_loss_and_writes_the_run_files(tmp_path, wiki_excerpt):
@@ -543,3 +564,23 @@ def test_torchrun_ranks_share_rank_0s_default_out(tmp_path, wiki_excerpt, vocab)
     runs = list((work / "runs").iterdir())
     assert len(runs) == 1 and "rank1" not in runs[0].name, runs
     assert (runs[0] / "model.safetensors").is_file()
+
+
+def test_preparation_reads_a_small_corpus_once_and_a_large_one_twice(tmp_path, monkeypatch):
+    """The vocabulary pass keeps the documents for the shards pass (sentence splitting is most
+    of the preparation time); past KEEP_CHARS the corpus is read again instead. Either way the
+    second pass sees the same documents."""
+    from bertkit.pretraining import train as train_module
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here. Another one.\n\nA second document. It ends.\n\nThird one.\n")
+    cfg = train_module.PretrainConfig(corpus=str(corpus), out=str(tmp_path / "out"), steps=1)
+    reads = []
+    real = train_module._Documents._read
+    monkeypatch.setattr(train_module._Documents, "_read", lambda self: (reads.append(1), real(self))[1])
+    docs = train_module._Documents(cfg)
+    first, second = list(docs), list(docs)
+    assert first == second and len(first) == 3 and len(reads) == 1
+    monkeypatch.setattr(train_module._Documents, "KEEP_CHARS", 20)
+    docs = train_module._Documents(cfg)
+    first, second = list(docs), list(docs)
+    assert first == second and len(reads) == 3 and docs.kept == []

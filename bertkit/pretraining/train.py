@@ -47,10 +47,10 @@ RECIPES: dict[str, dict] = {
     # curves in README.md): small steps, 30% masking, NSP weighted 0.25 and no dropout learn the
     # most per minute
     "fast": dict(budget="10m", batch_size=64, max_len=64, lr=2e-3, warmup=0.05, mask_prob=0.3,
-                 dropout=0.0, nsp_weight=0.25),
+                 dropout=0.0, nsp_weight=0.25, short_len=32, short_share=0.35),
     # the textbook's: batch 512, length 64, 15% masking, dropout 0.1 (Devlin et al. 2019; d2l)
     "textbook": dict(budget="10m", batch_size=512, max_len=64, lr=1e-3, warmup=0.1, mask_prob=0.15,
-                     dropout=0.1, nsp_weight=1.0),
+                     dropout=0.1, nsp_weight=1.0, short_len=0, short_share=0.0),
 }
 
 
@@ -66,6 +66,10 @@ class PretrainConfig:
     batch_size: int | None = None    # sentence pairs per optimizer step
     grad_accum: int = 1              # micro-batches per step: batch_size / grad_accum each
     max_len: int | None = None       # tokens per pair, specials included
+    # a first phase on shorter pairs, as BERT trained 90% of its steps at 128 tokens before 512:
+    # short pairs learn to use context sooner (the recipe study); 0: one phase at max_len
+    short_len: int | None = None     # tokens per pair in the first phase, with as many tokens per batch
+    short_share: float | None = None  # share of the run (budget or steps) in the first phase
     lr: float | None = None          # peak; the recipe's from scratch, 5e-5 from a pretrained folder
     warmup: float | None = None      # share of the run spent warming up, then linear decay to 0
     weight_decay: float = 0.01       # not on biases and LayerNorm, as in BERT
@@ -92,7 +96,7 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "lr", "warmup", "weight_decay",
+    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "short_len", "short_share", "lr", "warmup", "weight_decay",
              "clip", "dropout", "mask_prob", "max_predictions", "whole_word", "short_seq_prob", "nsp_weight",
              "seed", "holdout_every", "eval_pairs")
 
@@ -132,6 +136,10 @@ class PretrainConfig:
         for name in ("batch_size", "max_len", "warmup", "mask_prob", "dropout", "nsp_weight"):
             if getattr(self, name) is None:
                 setattr(self, name, recipe[name])
+        if self.short_len is None:  # the recipe's, unless the pairs are that short already
+            self.short_len = recipe["short_len"] if recipe["short_len"] < self.max_len else 0
+        if self.short_share is None:
+            self.short_share = recipe["short_share"] if self.short_len else 0.0
         if self.lr is None:
             self.lr = recipe["lr"] if self.model in PRESETS else 5e-5
         if self.max_predictions is None:
@@ -142,7 +150,10 @@ class PretrainConfig:
                 raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise BertkitError(f"lr must be a positive number, got {self.lr}")
-        for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1)):
+        if self.short_len and not 5 <= self.short_len < self.max_len:
+            raise BertkitError(f"short_len must be 0 (one phase) or from 5 to below max_len {self.max_len}, "
+                               f"got {self.short_len}")
+        for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1), ("short_share", 0, 1)):
             if not low <= getattr(self, name) < high:
                 raise BertkitError(f"{name} must be in [{low}, {high}), got {getattr(self, name)}")
         for name in ("nsp_weight", "weight_decay", "clip"):
@@ -175,12 +186,40 @@ class PretrainConfig:
 
 
 # ---- set-up ---------------------------------------------------------------------------------
-def _documents(cfg: PretrainConfig):
-    from .corpus import iter_documents
-    return iter_documents(cfg.corpus, per_file=cfg.doc_per_file)
+class _Documents:
+    """The corpus's documents for the two passes of a new run (the vocabulary, then the shards).
+    Splitting text into sentences is most of the preparation time (the built-in sample: 17 s of
+    the 10-minute budget per pass), so the first pass keeps what it read for the second, up to
+    KEEP_CHARS; a larger corpus is read again (constant memory)."""
+
+    KEEP_CHARS = 200_000_000
+
+    def __init__(self, cfg: PretrainConfig):
+        self.cfg, self.kept, self.whole = cfg, [], False
+
+    def _read(self):
+        from .corpus import iter_documents
+        return iter_documents(self.cfg.corpus, per_file=self.cfg.doc_per_file)
+
+    def __iter__(self):
+        if self.whole:
+            yield from self.kept
+            return
+        chars, keep = 0, True
+        self.kept = []
+        for doc in self._read():
+            if keep:
+                chars += sum(map(len, doc))
+                keep = chars <= self.KEEP_CHARS
+                if keep:
+                    self.kept.append(doc)
+                else:
+                    self.kept.clear()
+            yield doc
+        self.whole = keep  # read to the end and all kept: the next pass reads the list
 
 
-def _prepare_tokenizer(cfg: PretrainConfig, data: Path, log) -> WordPieceTokenizer:
+def _prepare_tokenizer(cfg: PretrainConfig, data: Path, documents: _Documents, log) -> WordPieceTokenizer:
     if (data / "tokenizer.json").is_file():   # a resumed run keeps its vocabulary
         return WordPieceTokenizer.from_folder(data)
     if cfg.model not in PRESETS and cfg.vocab is not None:
@@ -193,20 +232,21 @@ def _prepare_tokenizer(cfg: PretrainConfig, data: Path, log) -> WordPieceTokeniz
         # note: `tokenizers` breaks ties between equally frequent merges in hash order, so two
         # trainings on the same text can differ slightly; pass --vocab for reproducible runs
         log(f"training a WordPiece vocabulary of {cfg.vocab_size} on {cfg.corpus}")
-        tok = WordPieceTokenizer.train((s for doc in _documents(cfg) for s in doc), cfg.vocab_size)
+        tok = WordPieceTokenizer.train((s for doc in documents for s in doc), cfg.vocab_size)
     data.mkdir(parents=True, exist_ok=True)
     tok.save(data)
     return tok
 
 
-def _prepare_data(cfg: PretrainConfig, tok: WordPieceTokenizer, data: Path, log) -> tuple[TokenStore, TokenStore]:
+def _prepare_data(cfg: PretrainConfig, tok: WordPieceTokenizer, data: Path, documents: _Documents,
+                  log) -> tuple[TokenStore, TokenStore]:
     shards = data / "shards"
     if (shards / "train" / "meta.json").is_file():
         train, held = TokenStore(shards / "train"), TokenStore(shards / "eval")
         if train.matches(tok):
             return train, held
     log(f"tokenizing {cfg.corpus} into {shards}")
-    return tokenize_corpus(_documents(cfg), tok, shards, cfg.holdout_every, cfg.shard_tokens)
+    return tokenize_corpus(documents, tok, shards, cfg.holdout_every, cfg.shard_tokens)
 
 
 def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining:
@@ -229,16 +269,36 @@ def _optimizer(model, cfg: PretrainConfig):
     return adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
 
 
+def _phase_batches(cfg: PretrainConfig, phase: int, store: TokenStore, tok: WordPieceTokenizer) -> PretrainingBatches:
+    """Phase 0 (if the run has one): pairs of short_len tokens, batches as many times larger as
+    keeps the tokens per batch; phase 1: max_len. Each phase has its own order from epoch 0."""
+    max_len, batch_size = cfg.max_len, cfg.batch_size
+    if phase == 0:
+        max_len, batch_size = cfg.short_len, cfg.batch_size * max(1, round(cfg.max_len / cfg.short_len))
+    masking = MaskingConfig(cfg.mask_prob, math.ceil(cfg.max_predictions * max_len / cfg.max_len), cfg.whole_word)
+    return PretrainingBatches(store, tok, max_len, batch_size, masking, cfg.seed if phase else cfg.seed + 2,
+                              cfg.short_seq_prob)
+
+
+def _in_short_phase(cfg: PretrainConfig, step: int, done_s: float, total_s: float) -> bool:
+    if not cfg.short_len:
+        return False
+    if cfg.steps:
+        return step < round(cfg.short_share * cfg.steps)
+    return done_s < cfg.short_share * total_s
+
+
 # ---- checkpoints ----------------------------------------------------------------------------
 def _options(cfg: PretrainConfig) -> dict:
     return {k: getattr(cfg, k) for k in PretrainConfig.EXACT}
 
 
-def _save(out: Path, step: int, model, opt, position: Position, cfg: PretrainConfig, procs: Processes,
-          elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list]) -> None:
+def _save(out: Path, step: int, model, opt, position: Position, phase: int, pairs_seen: int, cfg: PretrainConfig,
+          procs: Processes, elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list]) -> None:
     save_checkpoint(out, step, lambda folder: save_model(model, folder),
                     {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
-                    {"epoch": position.epoch, "batch": position.batch, "elapsed_s": elapsed, "start_s": start_s,
+                    {"phase": phase, "pairs_seen": pairs_seen, "epoch": position.epoch, "batch": position.batch, "elapsed_s": elapsed,
+                     "start_s": start_s,
                      "lr_scale": lr_scale, "world_size": procs.world, "options": _options(cfg)},
                     cfg.keep_checkpoints)
 
@@ -351,7 +411,7 @@ def accumulate_gradients(net, batch: dict, *, n_predictions: int, grad_accum: in
                     nsp_labels=mb["nsp_labels"], mlm_denominator=n_predictions / world)
             (o.mlm_loss + nsp_weight * o.nsp_loss / grad_accum).backward()
         with torch.no_grad():
-            hit = o.mlm_predictions == mb["mlm_labels"]
+            hit = o.mlm_correct
             kinds = prediction_kinds(mb["input_ids"], mb["mlm_positions"], mb["mlm_labels"], mask_id)
             stats += torch.stack([
                 o.mlm_loss.double() / world, o.nsp_loss.double() / grad_accum,
@@ -439,17 +499,17 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         out.mkdir(parents=True, exist_ok=True)
         if ckpt is None:  # first: the folder is a run's from now on (a resume rewrites it once checked)
             write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
-        tok = _prepare_tokenizer(cfg, data, log)
-        train_store, eval_store = _prepare_data(cfg, tok, data, log)
+        documents = _Documents(cfg)
+        tok = _prepare_tokenizer(cfg, data, documents, log)
+        train_store, eval_store = _prepare_data(cfg, tok, data, documents, log)
     procs.barrier(long=True)  # the other ranks open what rank 0 prepared
     if not main:
         tok = WordPieceTokenizer.from_folder(data)
-        train_store, eval_store = _prepare_data(cfg, tok, data, log)
+        train_store, eval_store = _prepare_data(cfg, tok, data, _Documents(cfg), log)
     if train_store.meta["documents"] < 2:
         raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents for training, "
                            f"found {train_store.meta['documents']} (separate documents with a blank line)")
-    masking = MaskingConfig(cfg.mask_prob, cfg.max_predictions, cfg.whole_word)
-    batches = PretrainingBatches(train_store, tok, cfg.max_len, cfg.batch_size, masking, cfg.seed, cfg.short_seq_prob)
+    phase = 0 if cfg.short_len else 1
     eval_batches = []
     if eval_store.meta["documents"] >= 2 and cfg.eval_pairs > 0:
         # the same held-out pairs and the textbook's 15% masking whatever the recipe, in batches of 256
@@ -469,6 +529,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     autocast = procs.autocast()
     opt = _optimizer(model, cfg)
     step, position, elapsed0, lr_scale = 0, Position(), 0.0, 1.0
+    phase_of = lambda state: state.get("phase", 1)  # checkpoints from before phases: one phase
+    pairs_seen = 0
     if ckpt is not None:
         state = _check_resumable(ckpt, cfg, model)
         _restore(ckpt, model, opt, procs)
@@ -480,8 +542,10 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             log(f"{ckpt} was written by {state.get('world_size', 1)} process(es), resumed in {world}: the same "
                 "global batches and schedule; new dropout masks")
         step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
+        phase = phase_of(state)
+        pairs_seen = state.get("pairs_seen", step * cfg.batch_size)
         lr_scale = state.get("lr_scale", 1.0)
-        log(f"resuming {out} at step {step} (epoch {position.epoch}, batch {position.batch}"
+        log(f"resuming {out} at step {step} (phase {phase}, epoch {position.epoch}, batch {position.batch}"
             + (f", {elapsed0:.0f} s of the {cfg.budget:.0f} s budget spent)" if cfg.budget else ")"))
     metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
     if main and ckpt is not None:
@@ -491,9 +555,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     elapsed = lambda: elapsed0 + time.perf_counter() - clock  # the budget's clock
 
     model.train()
-    local = cfg.batch_size // world          # this rank's rows of every batch
     step_options = dict(grad_accum=cfg.grad_accum, world=world, nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id,
                         autocast=autocast)
+    batches = _phase_batches(cfg, phase, train_store, tok)
     data_iter = _Prefetch(batches.iterate(position))
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
                   nsp_hit=0, pairs=0, compute=0.0, steps=0)
@@ -526,7 +590,14 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 lr = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup, 1)
             lr *= lr_scale  # halved by each roll-back after non-finite steps
             set_lr(opt, lr)
+            if phase == 0 and not _in_short_phase(cfg, step, now - start_s, end - start_s if cfg.budget else 0):
+                phase, position = 1, Position()  # on to full-length pairs (every rank at the same step)
+                data_iter.close()
+                batches = _phase_batches(cfg, phase, train_store, tok)
+                data_iter = _Prefetch(batches.iterate(position))
+                log(f"step {step}: pairs of {cfg.max_len} tokens from now on")
             position, batch = next(data_iter)
+            local = batches.batch_size // world  # this rank's rows of the batch
             t0 = time.perf_counter()
             n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
             batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
@@ -553,7 +624,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                                        "gradient and no checkpoint to return to; lower --lr")
                 state = _restore(good, model, opt, procs)
                 step, position, lr_scale = state["step"], Position(state["epoch"], state["batch"]), lr_scale / 2
+                phase, pairs_seen = phase_of(state), state.get("pairs_seen", step * cfg.batch_size)
                 data_iter.close()
+                batches = _phase_batches(cfg, phase, train_store, tok)
                 data_iter = _Prefetch(batches.iterate(position))
                 guard.in_a_row = 0
                 log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
@@ -562,6 +635,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                                    "skipped_steps": guard.skipped, "elapsed_s": elapsed()})
                 continue
             step += 1
+            pairs_seen += batches.batch_size
             took = time.perf_counter() - t0
             step_s = 0.8 * step_s + 0.2 * took if step_s else took  # smoothed: one slow step must not end a budget early
             if finite:
@@ -571,7 +645,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", "nsp_hit"),
                                       counts):
                     window[key] += value
-                window["pairs"] += cfg.batch_size
+                window["pairs"] += batches.batch_size
                 window["steps"] += 1
             window["compute"] += took
             # rank 0's clock and anyone's signal: every rank stops at the same step
@@ -589,7 +663,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                           "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
                           "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"]),
                           "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": lr,
-                          "epoch": position.epoch, "elapsed_s": elapsed(),
+                          "phase": phase, "max_len": batches.max_len, "epoch": position.epoch, "elapsed_s": elapsed(),
                           "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])}
                 metrics.write(record)
                 bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", acc=f"{record['mlm_acc']:.3f}",
@@ -605,7 +679,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 rng = procs.rng_states()  # every rank's, for an exact resume
                 if main:
                     t_save = time.perf_counter()
-                    _save(out, step, model, opt, position, cfg, procs, elapsed(), start_s, lr_scale, rng)
+                    _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale, rng)
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
             if interrupted:
@@ -635,7 +709,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 f"{model.config.hidden_size}, batch {cfg.batch_size}, length {cfg.max_len}")
     timed = train_records[1:] or train_records  # the first window includes warm-up of kernels
     summary = {
-        "steps": step, "pairs_seen": step * cfg.batch_size,
+        "steps": step, "pairs_seen": pairs_seen,
         "epoch": position.epoch, "train_pairs_per_epoch": batches.count_pairs(0),
         "vocab_size": tok.vocab_size, "ln_vocab_size": math.log(tok.vocab_size),
         "parameters": sum(p.numel() for p in model.parameters()),
