@@ -28,7 +28,7 @@ import torch
 from bertkit.data.registry import export
 from bertkit.finetune import FinetuneConfig, finetune
 from bertkit.optim import adamw, warmup_linear
-from bertkit.tasks import get_task
+from bertkit.tasks import DEFAULTS, get_task
 from bertkit.tokenizer import WordPieceTokenizer
 
 # name: (task, data set, train file, eval file, options, HF class)
@@ -41,10 +41,8 @@ RUNS = {
     "summarize": ("summarize", "aclsum", "train.jsonl", "dev.jsonl", {"k": 5}, None),
     "word": ("word", "wordnet-attributes", "train.jsonl", "eval_unseen_attribute.jsonl", {}, None),
 }
-SETTINGS = {  # per task: epochs, batch size, learning rate, max length
-    "classify": (2, 32, 5e-5, 128), "ner": (3, 16, 5e-5, 128), "tag": (3, 16, 5e-5, 128),
-    "qa": (2, 16, 1e-4, 256), "summarize": (3, 4, 5e-5, 512), "word": (3, 32, 1e-4, 32),
-}
+# per task: epochs, batch size, learning rate, max length: bertkit's defaults (both sides use them)
+SETTINGS = {t: (d["epochs"], d["batch_size"], d["lr"], d["max_len"]) for t, d in DEFAULTS.items()}
 
 
 def _cap(task, path: Path, cap: int, work: Path) -> Path:

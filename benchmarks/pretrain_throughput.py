@@ -31,6 +31,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer
 from bertkit.checkpoint import save_model
 from bertkit.model import init_weights, set_dropout
+from bertkit.optim import adamw
 from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
@@ -155,7 +156,9 @@ def main():
     opts = {}
     for name, (step, model) in runs.items():
         model.train()
-        opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        # each side's own training step: bertkit's AdamW (fused, no decay on biases and LayerNorm),
+        # torch's default AdamW for the peers, as their users write it
+        opts[name] = adamw(model, 1e-4, 0.01) if name.startswith("bertkit") else torch.optim.AdamW(model.parameters(), lr=1e-4)
     flops = {name: count_flops(step, model, opts[name], batches[0]) for name, (step, model) in runs.items()}
     for name, (step, model) in runs.items():
         step(model, opts[name], batches[1])  # warm-up

@@ -253,8 +253,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
     pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
     pt.add_argument("--recipe", choices=["fast", "textbook"],
-                    help="fast (default: batch 64, 30%% masking, NSP weight 0.25, no dropout, the first 35%% of the run "
-                         "on pairs of 32 tokens; chosen by measurement) "
+                    help="fast (default: batch 64, 30%% masking, NSP weight 0.25, no dropout, the first 35%% "
+                         "of the run on pairs of 32 tokens; chosen by measurement) "
                          "or textbook (batch 512, 15%% masking, dropout 0.1); every option below overrides the recipe")
     pt.add_argument("--budget", help="wall-clock budget, e.g. 90s, 10m, 1.5h (default 10m); warm-up and decay "
                                      "follow its elapsed share")
@@ -300,10 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--train", required=True)
     ft.add_argument("--eval", required=True)
     ft.add_argument("--out", required=True)
-    ft.add_argument("--epochs", type=int, default=3)
-    ft.add_argument("--batch-size", type=int, default=32)
-    ft.add_argument("--lr", type=float, default=5e-5)
-    ft.add_argument("--max-len", type=int, default=128)
+    from .tasks import DEFAULTS
+    per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
+    ft.add_argument("--epochs", type=int, help=f"default per task: {per_task('epochs')}")
+    ft.add_argument("--batch-size", type=int, help=f"default per task: {per_task('batch_size')}")
+    ft.add_argument("--lr", type=float, help=f"default per task: {per_task('lr')}")
+    ft.add_argument("--max-len", type=int, help=f"default per task: {per_task('max_len')}")
     ft.add_argument("--log-every", type=int, default=10)
     ft.add_argument("--seed", type=int, default=0)
     ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")

@@ -20,13 +20,13 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import load_config, load_model, load_tokenizer, save_model
-from .inference.encode import folder_pooling, precision_context
+from .inference.encode import precision_context
 from .errors import BertkitError
 from .inputs import parse_json, read_text
 from .model import init_weights
 from .optim import adamw
 from .outputs import check_output_folder
-from .tasks import get_task
+from .tasks import DEFAULTS, get_task
 from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
 from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
@@ -42,11 +42,12 @@ class FinetuneConfig:
     train: str
     eval: str
     out: str
-    epochs: int = 3
-    batch_size: int = 32
+    # None: the task's default (tasks.DEFAULTS, chosen by the fine-tuning study)
+    epochs: int | None = None
+    batch_size: int | None = None
     eval_batch_size: int = 64
-    lr: float = 5e-5
-    max_len: int = 128
+    lr: float | None = None
+    max_len: int | None = None
     warmup: float = 0.1            # share of steps warming up, then linear decay to 0
     weight_decay: float = 0.01
     clip: float = 1.0
@@ -68,6 +69,10 @@ class FinetuneConfig:
              "clip", "group_by_length", "seed", "options", "grad_accum", "budget")
 
     def __post_init__(self):
+        from .tasks import DEFAULTS
+        for name, value in DEFAULTS.get(self.task, DEFAULTS["classify"]).items():
+            if name != "options" and getattr(self, name) is None:
+                setattr(self, name, value)
         # named as the command line spells them: the CLI passes its options straight through
         for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every", "patience", "grad_accum",
                      "keep_checkpoints"):
@@ -358,9 +363,9 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
         raise BertkitError(f"{cfg.eval}: no evaluation examples")
     torch.manual_seed(cfg.seed)
     bert, _ = load_model(cfg.model, heads=False)
-    # a sentence-transformers checkpoint was trained for its own pooling; its pooler may be untrained
-    options = {"pooling": folder_pooling(cfg.model) or "pooler", "max_len": cfg.max_len, "base_model": str(cfg.model),
-               **user_options}
+    # the task's defaults from the fine-tuning study, then what the user chose: all of it goes into
+    # bertkit.json, so that evaluate and predict run the model as it was trained
+    options = {**DEFAULTS[cfg.task]["options"], "max_len": cfg.max_len, "base_model": str(cfg.model), **user_options}
     task.fit(train_ex, options)
     task.check(eval_ex, cfg.eval)
     model = TaskModel(bert, task.head(bert.config, bert))

@@ -259,3 +259,37 @@ def test_help_lists_every_tasks_option_keys():
     assert set(OPTION_KEYS) == set(TASKS)
     for name, keys in OPTION_KEYS.items():
         assert keys.split(", ") == list(get_task(name).options), name
+
+
+def test_each_task_has_its_own_defaults_and_flags_override_them(tmp_path):
+    from bertkit.finetune import FinetuneConfig
+    from bertkit.tasks import DEFAULTS, TASKS
+    assert set(DEFAULTS) == set(TASKS)
+    for task, d in DEFAULTS.items():
+        cfg = FinetuneConfig(task=task, model="m", train="t", eval="e", out=str(tmp_path / task))
+        assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.max_len) == (d["epochs"], d["batch_size"], d["lr"], d["max_len"])
+    cfg = FinetuneConfig(task="qa", model="m", train="t", eval="e", out="o", epochs=1, lr=3e-5, max_len=64, batch_size=2)
+    assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.max_len) == (1, 2, 3e-5, 64)
+
+
+def test_classify_defaults_to_the_pooler_even_on_a_sentence_transformers_folder(tmp_path, tiny_bert, capsys):
+    """The default classifier input comes from the fine-tuning study, not from the folder's
+    declared sentence pooling (mean); it is written into bertkit.json, and evaluate uses it."""
+    import shutil
+    folder = tmp_path / "st"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                      "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\n" + "".join(f'"{t}",{lab}\n' for t, lab in [("good film", "pos"), ("bad", "neg")] * 4))
+    for extra, pooling in (((), "pooler"), (("--option", "pooling=mean"), "mean")):
+        out = tmp_path / f"model-{pooling}"
+        _run(capsys, "finetune", "classify", "--model", str(folder), "--train", str(train), "--eval", str(train),
+             "--out", str(out), "--epochs", "1", "--batch-size", "4", *extra)
+        info = json.loads((out / "bertkit.json").read_text())
+        assert info["pooling"] == pooling
+        config = json.loads((out / "finetune_config.json").read_text())
+        from bertkit.tasks import DEFAULTS
+        assert config["epochs"] == 1 and config["lr"] == DEFAULTS["classify"]["lr"]  # given, and the task's default

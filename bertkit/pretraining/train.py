@@ -45,7 +45,7 @@ MAX_BAD_STEPS = 5  # non-finite steps in a row before returning to the last chec
 RECIPES: dict[str, dict] = {
     # the default, chosen by benchmarks/pretrain_recipes.py for a 10-minute CPU budget (table and
     # curves in README.md): small steps, 30% masking, NSP weighted 0.25 and no dropout learn the
-    # most per minute
+    # most per minute, and pairs of 32 tokens for the first 35% leave the unigram plateau sooner
     "fast": dict(budget="10m", batch_size=64, max_len=64, lr=2e-3, warmup=0.05, mask_prob=0.3,
                  dropout=0.0, nsp_weight=0.25, short_len=32, short_share=0.35),
     # the textbook's: batch 512, length 64, 15% masking, dropout 0.1 (Devlin et al. 2019; d2l)
@@ -96,9 +96,9 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "short_len", "short_share", "lr", "warmup", "weight_decay",
-             "clip", "dropout", "mask_prob", "max_predictions", "whole_word", "short_seq_prob", "nsp_weight",
-             "seed", "holdout_every", "eval_pairs")
+    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "short_len", "short_share", "lr",
+             "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions", "whole_word", "short_seq_prob",
+             "nsp_weight", "seed", "holdout_every", "eval_pairs")
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides) -> "PretrainConfig":
@@ -297,9 +297,9 @@ def _save(out: Path, step: int, model, opt, position: Position, phase: int, pair
           procs: Processes, elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list]) -> None:
     save_checkpoint(out, step, lambda folder: save_model(model, folder),
                     {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
-                    {"phase": phase, "pairs_seen": pairs_seen, "epoch": position.epoch, "batch": position.batch, "elapsed_s": elapsed,
-                     "start_s": start_s,
-                     "lr_scale": lr_scale, "world_size": procs.world, "options": _options(cfg)},
+                    {"phase": phase, "epoch": position.epoch, "batch": position.batch, "pairs_seen": pairs_seen,
+                     "elapsed_s": elapsed, "start_s": start_s, "lr_scale": lr_scale, "world_size": procs.world,
+                     "options": _options(cfg)},
                     cfg.keep_checkpoints)
 
 
@@ -509,7 +509,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     if train_store.meta["documents"] < 2:
         raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents for training, "
                            f"found {train_store.meta['documents']} (separate documents with a blank line)")
-    phase = 0 if cfg.short_len else 1
+    phase = 0 if _in_short_phase(cfg, 0, 0.0, 1.0) else 1  # a short phase of no steps is none
     eval_batches = []
     if eval_store.meta["documents"] >= 2 and cfg.eval_pairs > 0:
         # the same held-out pairs and the textbook's 15% masking whatever the recipe, in batches of 256
@@ -590,7 +590,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 lr = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup, 1)
             lr *= lr_scale  # halved by each roll-back after non-finite steps
             set_lr(opt, lr)
-            if phase == 0 and not _in_short_phase(cfg, step, now - start_s, end - start_s if cfg.budget else 0):
+            if phase == 0 and not _in_short_phase(cfg, step, now - start_s, end - start_s if cfg.budget else 0.0):
                 phase, position = 1, Position()  # on to full-length pairs (every rank at the same step)
                 data_iter.close()
                 batches = _phase_batches(cfg, phase, train_store, tok)
@@ -679,7 +679,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 rng = procs.rng_states()  # every rank's, for an exact resume
                 if main:
                     t_save = time.perf_counter()
-                    _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale, rng)
+                    _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale,
+                          rng)
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
             if interrupted:

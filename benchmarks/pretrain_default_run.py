@@ -1,0 +1,96 @@
+"""What `bertkit pretrain` with no arguments (so `make demo`) gives: one run of the default recipe
+on the built-in Wikipedia sample, its 10-minute budget covering data preparation too.
+
+Runs `bertkit pretrain --out DIR` (nothing else), or reads a finished run of that command
+(--from DIR), and writes benchmarks/results/pretrain_default_run.json (the final figures,
+the held-out curve, the fill-mask and "crane" examples, the earlier default runs kept for
+reference) and docs/pretrain-default-10min.png (held-out accuracy at [MASK] and MLM loss
+against wall time, the switch to full-length pairs marked).
+
+    .venv/bin/python benchmarks/pretrain_default_run.py [--from runs/pretrain-...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT = Path("benchmarks/results/pretrain_default_run.json")
+PLOT = Path("docs/pretrain-default-10min.png")
+
+
+def plot(records: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    evals = [r for r in records if "eval_mlm_acc" in r]
+    train = [r for r in records if "mlm_loss" in r]
+    minutes = [r["elapsed_s"] / 60 for r in evals]
+    fig, (acc, loss) = plt.subplots(1, 2, figsize=(12, 4.2))
+    acc.plot(minutes, [100 * r["eval_mlm_acc"] for r in evals], label="top-1 at [MASK]")
+    acc.plot(minutes, [100 * r["eval_mlm_top5"] for r in evals], label="top-5 at [MASK]")
+    acc.axhline(100 * evals[-1]["eval_majority_token_acc"], color="gray", linestyle=":",
+                label="always the most common token")
+    loss.plot(minutes, [r["eval_mlm_loss"] for r in evals], label="held-out MLM loss")
+    loss.plot([r["elapsed_s"] / 60 for r in train], [r["mlm_loss"] for r in train], label="training MLM loss",
+              alpha=0.6)
+    switch = next((r for r in train if r.get("phase") == 1), None)
+    if switch is not None and train[0].get("phase") == 0:
+        for ax in (acc, loss):
+            ax.axvline(switch["elapsed_s"] / 60, color="black", linewidth=0.8, linestyle="--")
+        acc.text(switch["elapsed_s"] / 60, acc.get_ylim()[1] * 0.97, f" pairs of {switch['max_len']} tokens from here",
+                 va="top", fontsize=8)
+    acc.set_ylabel("held-out accuracy (%)")
+    loss.set_ylabel("nats")
+    for ax in (acc, loss):
+        ax.set_xlabel("wall time (minutes, 2 CPU cores)")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("bertkit pretrain (defaults): tiny BERT, wiki sample, 10 minutes")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--from", dest="run", help="a finished `bertkit pretrain --out DIR` run to read")
+    args = ap.parse_args()
+    run = Path(args.run) if args.run else Path(time.strftime("runs/default-%Y%m%d-%H%M%S"))
+    if not args.run:
+        subprocess.run([sys.executable, "-m", "bertkit", "pretrain", "--out", str(run)], check=True)
+    config = json.loads((run / "pretrain_config.json").read_text())
+    summary = json.loads((run / "summary.json").read_text())
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    earlier = []
+    if RESULT.exists():
+        old = json.loads(RESULT.read_text())
+        earlier = old.get("earlier_default_runs", [old.get("earlier_default_run")] if old.get("earlier_default_run") else [])
+        earlier = [{k: old[k] for k in ("command", "date", "elapsed_s", "steps", "pairs_per_s", "final_eval")
+                    if k in old}, *earlier]
+    result = {
+        "command": "bertkit pretrain (no arguments)",
+        "recipe": {k: config[k] for k in ("recipe", "budget", "batch_size", "max_len", "short_len", "short_share", "lr",
+                                          "warmup", "mask_prob", "dropout", "nsp_weight")},
+        "date": time.strftime("%Y-%m-%d"),
+        "elapsed_s": summary["elapsed_s"], "steps": summary["steps"], "pairs_seen": summary["pairs_seen"],
+        "pairs_per_s": summary["pairs_per_s"],
+        "final_train": summary["final_train"], "final_eval": summary["final_eval"],
+        "samples": json.loads((run / "samples.json").read_text()) if (run / "samples.json").exists() else None,
+        # (elapsed s, step, top-1 at [MASK], top-5 at [MASK], held-out MLM loss)
+        "eval_curve": [(r["elapsed_s"], r["step"], r["eval_mlm_acc"], r["eval_mlm_top5"], r["eval_mlm_loss"])
+                       for r in records if "eval_mlm_acc" in r],
+        "earlier_default_runs": earlier,
+    }
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    plot(records, PLOT)
+    e = summary["final_eval"]
+    print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; held-out at [MASK]: top-1 {e['eval_mlm_acc']:.3f}, "
+          f"top-5 {e['eval_mlm_top5']:.3f}, MLM loss {e['eval_mlm_loss']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
