@@ -51,13 +51,15 @@ STUDY: dict[str, dict[str, dict]] = {
         "pooler, shuffled batches": {"options": {"pooling": "pooler"}, "group_by_length": False},
         "pooler, lr 1e-4": {"options": {"pooling": "pooler"}, "lr": 1e-4},
         "pooler, 3 epochs": {"options": {"pooling": "pooler"}, "epochs": 3},
+        "mean, 3 epochs": {"options": {"pooling": "mean"}, "epochs": 3},
         "transformers": {},
+        "transformers, 3 epochs": {"epochs": 3},
     },
+    # the second data set at the default budget (3 epochs): the candidate inputs and the peer
     "classify-tweets": {
-        "pooler": {"options": {"pooling": "pooler"}},
-        "cls": {"options": {"pooling": "cls"}},
-        "mean": {"options": {"pooling": "mean"}},
-        "transformers": {},
+        "pooler, 3 epochs": {"options": {"pooling": "pooler"}, "epochs": 3},
+        "mean, 3 epochs": {"options": {"pooling": "mean"}, "epochs": 3},
+        "transformers, 3 epochs": {"epochs": 3},
     },
     "ner": {
         "softmax": {},

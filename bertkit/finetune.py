@@ -364,7 +364,8 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     torch.manual_seed(cfg.seed)
     bert, _ = load_model(cfg.model, heads=False)
     # the task's defaults from the fine-tuning study, then what the user chose: all of it goes into
-    # bertkit.json, so that evaluate and predict run the model as it was trained
+    # bertkit.json (with what fit() adds, e.g. classify's pooling), so that evaluate and predict
+    # run the model as it was trained
     options = {**DEFAULTS[cfg.task]["options"], "max_len": cfg.max_len, "base_model": str(cfg.model), **user_options}
     task.fit(train_ex, options)
     task.check(eval_ex, cfg.eval)

@@ -166,14 +166,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                 grad[rows, yc] -= 1                                          # d loss / d logits
                 db += grad.sum(0).to(db.dtype)
                 grad = grad.to(h.dtype)
-                if dh.dtype == grad.dtype:
-                    torch.mm(grad, w, out=dh[i:i + chunk])                   # (n, H)
-                else:
-                    dh[i:i + chunk] = grad @ w
-                if dw.dtype == grad.dtype:
-                    dw.addmm_(grad.t(), hc)                                  # (V, H), no temporary
-                else:
-                    dw += (grad.t() @ hc).to(dw.dtype)
+                dh[i:i + chunk] = grad @ w                                   # (n, H)
+                dw += (grad.t() @ hc).to(dw.dtype)                           # (V, H)
         ctx.save_for_backward(dh, dw, db)
         ctx.denominator = denominator
         return loss / denominator, hit

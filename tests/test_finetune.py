@@ -272,9 +272,9 @@ def test_each_task_has_its_own_defaults_and_flags_override_them(tmp_path):
     assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.max_len) == (1, 2, 3e-5, 64)
 
 
-def test_classify_defaults_to_the_pooler_even_on_a_sentence_transformers_folder(tmp_path, tiny_bert, capsys):
-    """The default classifier input comes from the fine-tuning study, not from the folder's
-    declared sentence pooling (mean); it is written into bertkit.json, and evaluate uses it."""
+def test_classify_defaults_to_the_checkpoints_own_sentence_vector(tmp_path, tiny_bert, capsys):
+    """The default classifier input (chosen by the fine-tuning study): a sentence-transformers
+    folder's declared pooling (mean), a plain BERT folder's pooler; written into bertkit.json."""
     import shutil
     folder = tmp_path / "st"
     shutil.copytree(tiny_bert, folder)
@@ -284,12 +284,14 @@ def test_classify_defaults_to_the_pooler_even_on_a_sentence_transformers_folder(
     (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
     train = tmp_path / "train.csv"
     train.write_text("text,label\n" + "".join(f'"{t}",{lab}\n' for t, lab in [("good film", "pos"), ("bad", "neg")] * 4))
-    for extra, pooling in (((), "pooler"), (("--option", "pooling=mean"), "mean")):
+    for model, extra, pooling in ((folder, (), "mean"), (tiny_bert, (), "pooler"),
+                                  (folder, ("--option", "pooling=cls", "--shuffled-batches"), "cls")):
         out = tmp_path / f"model-{pooling}"
-        _run(capsys, "finetune", "classify", "--model", str(folder), "--train", str(train), "--eval", str(train),
+        _run(capsys, "finetune", "classify", "--model", str(model), "--train", str(train), "--eval", str(train),
              "--out", str(out), "--epochs", "1", "--batch-size", "4", *extra)
         info = json.loads((out / "bertkit.json").read_text())
         assert info["pooling"] == pooling
         config = json.loads((out / "finetune_config.json").read_text())
         from bertkit.tasks import DEFAULTS
         assert config["epochs"] == 1 and config["lr"] == DEFAULTS["classify"]["lr"]  # given, and the task's default
+        assert config["group_by_length"] == ("--shuffled-batches" not in extra)

@@ -32,8 +32,8 @@ OPTION_KEYS = {
 # README's "Fine-tuning defaults" says why each is what it is); every flag overrides them.
 # Options: a task option's default when the user gives none (written into bertkit.json).
 DEFAULTS = {
-    "classify": dict(epochs=3, batch_size=32, lr=5e-5, max_len=128, options={"pooling": "pooler"}),
-    "ner": dict(epochs=3, batch_size=16, lr=5e-5, max_len=128, options={}),
+    "classify": dict(epochs=3, batch_size=32, lr=5e-5, max_len=128, options={}),  # pooling: see ClassifyTask.fit
+    "ner": dict(epochs=3, batch_size=16, lr=1e-4, max_len=128, options={}),
     "tag": dict(epochs=3, batch_size=16, lr=5e-5, max_len=128, options={}),
     "qa": dict(epochs=2, batch_size=16, lr=1e-4, max_len=256, options={}),
     "summarize": dict(epochs=3, batch_size=4, lr=5e-5, max_len=512, options={}),
