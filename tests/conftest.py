@@ -71,3 +71,16 @@ def save_tiny_bert(folder, minilm_folder, **overrides):
     init_weights(model, cfg)
     save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
     return folder
+
+
+def sentence_transformers_copy(folder, out):
+    """A copy of a model folder that declares mean pooling as a sentence-transformers folder
+    does (modules.json and 1_Pooling/config.json)."""
+    import json
+    import shutil
+    shutil.copytree(folder, out)
+    (out / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
+                                                   "type": "sentence_transformers.models.Pooling"}]))
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    return out

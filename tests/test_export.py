@@ -9,7 +9,7 @@ import torch
 from bertkit.inference.attention import attention_maps
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from conftest import SENTENCES, hf_tester_config
+from conftest import SENTENCES, hf_tester_config, sentence_transformers_copy
 
 pytest.importorskip("onnxruntime")
 
@@ -85,13 +85,7 @@ def test_cli_encode_and_predict_with_the_onnx_backend(tmp_path, tiny_bert, expor
 
 def test_export_keeps_a_sentence_transformers_pooling(tmp_path, tiny_bert):
     """The exported folder pools as its source does (modules.json and 1_Pooling/ come along)."""
-    import shutil
-    src = tmp_path / "st"
-    shutil.copytree(tiny_bert, src)
-    (src / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
-                                                   "type": "sentence_transformers.models.Pooling"}]))
-    (src / "1_Pooling").mkdir()
-    (src / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    src = sentence_transformers_copy(tiny_bert, tmp_path / "st")
     assert main(["export", "--model", str(src), "--out", str(tmp_path / "onnx")]) == 0
     onnx = Encoder.from_folder(tmp_path / "onnx", backend="onnx")
     assert onnx.default_pooling == "mean"

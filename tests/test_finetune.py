@@ -8,7 +8,7 @@ from bertkit import BertModel
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
-from conftest import hf_tester_config, save_tiny_bert
+from conftest import hf_tester_config, save_tiny_bert, sentence_transformers_copy
 
 
 @pytest.fixture(scope="module")
@@ -275,13 +275,7 @@ def test_each_task_has_its_own_defaults_and_flags_override_them(tmp_path):
 def test_classify_defaults_to_the_checkpoints_own_sentence_vector(tmp_path, tiny_bert, capsys):
     """The default classifier input (chosen by the fine-tuning study): a sentence-transformers
     folder's declared pooling (mean), a plain BERT folder's pooler; written into bertkit.json."""
-    import shutil
-    folder = tmp_path / "st"
-    shutil.copytree(tiny_bert, folder)
-    (folder / "modules.json").write_text(json.dumps([{"idx": 1, "name": "1", "path": "1_Pooling",
-                                                      "type": "sentence_transformers.models.Pooling"}]))
-    (folder / "1_Pooling").mkdir()
-    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
     train = tmp_path / "train.csv"
     train.write_text("text,label\n" + "".join(f'"{t}",{lab}\n' for t, lab in [("good film", "pos"), ("bad", "neg")] * 4))
     for model, extra, pooling in ((folder, (), "mean"), (tiny_bert, (), "pooler"),
