@@ -116,6 +116,11 @@ def test_fill_mask_and_attention_on_a_model_bertkit_pretrained(browser, tmp_path
         browser.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
         assert not browser.find_element(By.ID, "error").text
+        # the API docs render offline: Swagger UI from the server's own files lists the endpoints
+        browser.get(server.url + "/docs")
+        _wait(browser, ".swagger-ui .opblock")
+        paths = {e.text for e in browser.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")}
+        assert {"/encode", "/v1/embeddings", "/fill-mask", "/attention"} <= paths, paths
     finally:
         server.stop()
 

@@ -4,6 +4,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -78,6 +79,14 @@ def test_health_info_and_openapi(tiny_bert, pretrained):
         assert {"/encode", "/v1/embeddings", "/fill-mask", "/predict", "/attention", "/health", "/info",
                 "/metrics"} <= set(paths)
         assert "attention" in c.get("/").text
+        # the API docs load Swagger UI and ReDoc from this server, never from a CDN (machines offline)
+        for page, script in (("/docs", "swagger-ui-bundle.js"), ("/redoc", "redoc.standalone.js")):
+            html = c.get(page).text
+            urls = re.findall(r'(?:src|href)="([^"]+)"', html) + re.findall(r"url: '([^']+)'", html)
+            assert urls and all(u.startswith("/") for u in urls), urls
+            src = next(u for u in urls if u.endswith(script))
+            r = c.get(src)
+            assert r.status_code == 200 and len(r.content) > 500_000
     with client(pretrained) as c:
         assert c.get("/info").json()["fill_mask"] is True
 

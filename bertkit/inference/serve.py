@@ -1,8 +1,8 @@
 """`bertkit serve`: a model folder behind HTTP, on FastAPI and uvicorn.
 
 Endpoints: POST /encode, /v1/embeddings (OpenAI-compatible), /fill-mask, /predict (the folder's
-fine-tuned task), /attention; GET /health, /info, /metrics (Prometheus), /openapi.json and the
-page at /.
+fine-tuned task), /attention; GET /health, /info, /metrics (Prometheus), /openapi.json, the API
+docs at /docs and /redoc (their scripts served from here: they work offline) and the page at /.
 
 Dynamic batching: requests queue while the model is busy; when it is free, the compatible
 requests waiting (up to `batch_tokens` tokens, after an optional `batch_window_ms` wait) are
@@ -298,7 +298,7 @@ class AttentionRequest(Strict):
 # ---------------------------------------------------------------- the app
 
 def create_app(cfg: ServeConfig, served: Served | None = None):
-    from fastapi import FastAPI, Request
+    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -333,8 +333,11 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         yield
         await batcher.stop()
 
-    app = FastAPI(title="bertkit", version=_version(), lifespan=lifespan,
-                  description=f"BERT model {served.name} ({served.backend} backend)")
+    # FastAPIOffline: /docs (Swagger UI) and /redoc load their scripts from this server, not a CDN,
+    # so they work on a machine without internet
+    from fastapi_offline import FastAPIOffline
+    app = FastAPIOffline(title="bertkit", version=_version(), lifespan=lifespan,
+                         description=f"BERT model {served.name} ({served.backend} backend)")
 
     # ---- errors: every one a JSON object with "error" (what is wrong) ----
     @app.exception_handler(RequestError)
