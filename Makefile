@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench bench-recipes bench-serve bench-finetune-study bench-gpu clean
+.PHONY: demo test test-all bench bench-recipes bench-serve bench-finetune-study bench-finetune-defaults bench-gpu clean
 
 $(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,9 +54,13 @@ bench-serve: $(VENV)/.test
 	$(PY) benchmarks/serve_load.py
 	$(PY) benchmarks/onnx_int8.py
 
-# fine-tuning defaults against transformers over 3 seeds (about 90 minutes on 2 cores)
+# fine-tuning choices one at a time, then the chosen defaults, beside transformers over 3 seeds
+# (each part under 90 minutes on 2 cores)
 bench-finetune-study: $(VENV)/.test
-	$(PY) benchmarks/finetune_study.py
+	$(PY) benchmarks/finetune_study.py --part choices
+
+bench-finetune-defaults: $(VENV)/.test
+	$(PY) benchmarks/finetune_study.py --part defaults
 
 # BERT-base steps on one GPU, bertkit beside transformers; says so and exits 0 without a GPU
 bench-gpu: $(VENV)/.test
