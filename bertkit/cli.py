@@ -150,7 +150,7 @@ def cmd_finetune(args) -> None:
                          log_every=args.log_every, seed=args.seed, patience=args.patience,
                          options=_task_options(args), overwrite=args.overwrite, grad_accum=args.grad_accum,
                          budget=args.budget, save_every=args.save_every, resume=args.resume,
-                         group_by_length=not args.shuffled_batches)
+                         group_by_length=not args.shuffled_batches, precision=args.precision)
     summary = finetune(cfg)
     if summary is None:  # another rank of a torchrun job: rank 0 reports
         return
@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--overwrite", action="store_true",
                     help="write into --out even when it is not empty (its files may be replaced)")
     ft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (the batch size stays the same)")
+    ft.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
+                    help="the training steps: auto (default) is bf16 autocast on a GPU and on a CPU with AMX "
+                         "(Sapphire Rapids and later), fp32 elsewhere; evaluation is always fp32")
     ft.add_argument("--shuffled-batches", action="store_true",
                     help="plain shuffled batches instead of length-grouped ones (less padding, the default)")
     ft.add_argument("--budget", help="wall-clock budget instead of --epochs, e.g. 20m; the lr follows its elapsed share")

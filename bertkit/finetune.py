@@ -30,7 +30,7 @@ from .tasks import DEFAULTS, get_task
 from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
 from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
-from .training.distributed import Processes, init_processes
+from .training.distributed import TRAINING_PRECISIONS, Processes, init_processes, training_precision
 from .training.log import MetricsLog, plot_losses, write_json
 from .training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
 
@@ -63,10 +63,13 @@ class FinetuneConfig:
     save_every: int = 0            # steps between checkpoints (0: at the end of each epoch only)
     keep_checkpoints: int = 2
     resume: bool = False           # continue the run in --out from its last checkpoint
+    # the training steps' precision: "auto" is bf16 autocast on a GPU and on a CPU with AMX, else
+    # fp32 (chosen by the study: same quality, 1.7x faster steps on an AMX CPU); evaluation is fp32
+    precision: str = "auto"
 
     # what must not change between a run and its resumption
     EXACT = ("task", "model", "train", "eval", "epochs", "batch_size", "lr", "max_len", "warmup", "weight_decay",
-             "clip", "group_by_length", "seed", "options", "grad_accum", "budget")
+             "clip", "group_by_length", "seed", "options", "grad_accum", "budget", "precision")
 
     def __post_init__(self):
         from .tasks import DEFAULTS
@@ -95,6 +98,8 @@ class FinetuneConfig:
             raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
         if self.budget is not None:
             self.budget = parse_duration(self.budget)
+        if self.precision not in TRAINING_PRECISIONS:
+            raise BertkitError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
 
 
 # this many non-finite steps in a row stop the run: the model diverged, skipping will not help
@@ -373,10 +378,12 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     init_weights(model.head, bert.config)
     device = procs.device
     model.to(device)
-    autocast = procs.autocast()
+    precision = training_precision(device, cfg.precision)
+    autocast = procs.autocast(precision)
     train_feats = task.features(train_ex, tok, cfg.max_len)
     eval_feats = task.features(eval_ex, tok, cfg.max_len)
-    log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation")
+    log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation; "
+        f"training in {precision}{' (bf16 autocast)' if precision == 'bf16' else ''}, evaluation in fp32")
 
     opt = adamw(model, cfg.lr, cfg.weight_decay)
     per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
@@ -542,7 +549,7 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
                "skipped_steps": guard.skipped, "train_s": elapsed(), "processes": procs.world,
                "pairs_per_s": sum(r.get("pairs_per_s", 0) for r in records if "pairs_per_s" in r)
                / max(1, sum(1 for r in records if "pairs_per_s" in r)),
-               "device": str(device), "config": dataclasses.asdict(cfg)}
+               "device": str(device), "precision": precision, "config": dataclasses.asdict(cfg)}
     if note:
         summary["note"] = note
     write_json(out / "summary.json", summary)

@@ -251,3 +251,42 @@ def test_bad_runtime_options(tmp_path, tiny, data, capsys):
     assert "budget 'soon'" in capsys.readouterr().err
     assert main(_args(tiny, data, tmp_path / "c", "--save-every", "-1")) == 2
     assert "--save-every" in capsys.readouterr().err
+
+
+def test_training_precision_auto_is_bf16_on_a_gpu_and_on_an_amx_cpu(monkeypatch):
+    from bertkit.errors import BertkitError
+    from bertkit.training import distributed
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert distributed.training_precision(gpu) == "bf16"
+    for amx, want in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(distributed, "amx_bf16", lambda: amx)
+        assert distributed.training_precision(cpu) == want
+        assert distributed.training_precision(cpu, cpu_bf16=False) == "fp32"  # pretraining's tiny preset
+        assert distributed.training_precision(cpu, "fp32") == "fp32"
+        assert distributed.training_precision(cpu, "bf16") == "bf16"
+    with pytest.raises(BertkitError, match="unknown precision 'fp16'"):
+        distributed.training_precision(cpu, "fp16")
+
+
+def test_finetune_precision_runs_the_steps_in_bf16_and_evaluates_in_fp32(tmp_path, tiny, data, monkeypatch):
+    """--precision bf16: the training forward runs under bf16 autocast (the head sees bf16 hidden
+    states), evaluation in fp32; fp32 runs no step in bf16. The choice is in summary.json."""
+    from bertkit.tasks.classify import ClassifyTask
+    seen = []
+    real = ClassifyTask.forward
+
+    def spy(self, model, batch):
+        seen.append((model.training, torch.is_autocast_enabled("cpu")))
+        return real(self, model, batch)
+    monkeypatch.setattr(ClassifyTask, "forward", spy)
+    for precision in ("bf16", "fp32"):
+        seen.clear()
+        out = tmp_path / precision
+        assert main(_args(tiny, data, out, "--epochs", "1", "--precision", precision)) == 0
+        assert json.loads((out / "summary.json").read_text())["precision"] == precision
+        assert {autocast for training, autocast in seen if training} == {precision == "bf16"}
+        assert {autocast for training, autocast in seen if not training} == {False}  # evaluation
+    from bertkit.errors import BertkitError
+    from bertkit.finetune import FinetuneConfig
+    with pytest.raises(BertkitError, match="--precision must be one of auto, fp32, bf16, got 'fp16'"):
+        FinetuneConfig(task="classify", model=str(tiny), train="t", eval="e", out="o", precision="fp16")
