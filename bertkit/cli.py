@@ -225,6 +225,9 @@ def cmd_data_list(args) -> None:
         print(f"{name:20} {line}")
 
 
+PRECISION_HELP = "fp32 (default) or bf16 autocast: faster on a GPU and on a CPU with AMX, results drift from fp32"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -241,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                   help="fp32 (default) or bf16 autocast: faster on a GPU, results drift from fp32")
+                   help=PRECISION_HELP)
     e.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                    help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     e.set_defaults(func=cmd_encode)
@@ -336,7 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data", required=True)
     ev.add_argument("--max-len", type=int, default=None)
     ev.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                    help="fp32 (default) or bf16 autocast: faster on a GPU, results drift from fp32")
+                    help=PRECISION_HELP)
     ev.set_defaults(func=cmd_evaluate)
 
     pr = sub.add_parser("predict", help="predictions of a fine-tuned folder, as JSON lines")
@@ -345,7 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--input", help=".txt (one per line) or .jsonl (text[, text_pair]; qa: question, context)")
     pr.add_argument("--max-len", type=int, default=None)
     pr.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
-                    help="fp32 (default) or bf16 autocast: faster on a GPU, results drift from fp32")
+                    help=PRECISION_HELP)
     pr.add_argument("--backend", choices=["torch", "onnx"], default="torch",
                     help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     pr.add_argument("text", nargs="*")

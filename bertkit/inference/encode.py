@@ -2,8 +2,9 @@
 
 Texts are sorted by length and batched so that padding is minimal; results come back in
 input order. The model runs in fp32 unless bf16 is asked for: bf16 autocast is faster on a GPU
-but moves vectors off their fp32 values, which users comparing or storing vectors do not expect.
-On a CPU a bf16 request runs too (CPU autocast), usually slower and never needed.
+and on a CPU with AMX (MiniLM on 2 AMX cores: about 1.9x), but moves vectors off their fp32
+values (there: max abs diff 1e-2, cosine to the fp32 vector at least 0.9999), which users
+comparing or storing vectors do not expect. On a CPU without AMX bf16 is usually slower.
 """
 from __future__ import annotations
 
