@@ -225,30 +225,52 @@ def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, bat
     return outputs, losses
 
 
+def _length_order(task: Task, feats: list[dict], examples: list) -> list[int]:
+    """The order evaluation runs the features in: by length where each feature is its example
+    (batches of similar length pad little: predictions come back in input order), else as given."""
+    if task.feature_per_example and len(feats) == len(examples):
+        return sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
+    return list(range(len(feats)))
+
+
+def _decode(task: Task, outputs: list, feats: list[dict], examples: list, order: list[int]) -> list:
+    """task.decode over outputs computed in `order`, the predictions in input order."""
+    if order == list(range(len(feats))):
+        return task.decode(outputs, feats, examples)
+    ranked = task.decode(outputs, [feats[i] for i in order], [examples[i] for i in order])
+    preds = [None] * len(ranked)
+    for k, i in enumerate(order):
+        preds[i] = ranked[k]
+    return preds
+
+
 def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64,
              precision: str = "fp32"):
-    """Predictions (and the mean loss when the features carry targets) over all features.
-    fp32 by default, also on a GPU: bf16 moves scores and can flip close predictions."""
-    outputs, losses = task_outputs(task, model, feats, tokenizer, batch_size, precision)
-    return task.decode(outputs, feats, examples), (sum(losses) / len(losses) if losses else None)
+    """Predictions (and the mean loss when the features carry targets) over all features, in
+    length-sorted batches. fp32 by default, also on a GPU: bf16 moves scores and can flip close
+    predictions."""
+    order = _length_order(task, feats, examples)
+    outputs, losses = task_outputs(task, model, [feats[i] for i in order], tokenizer, batch_size, precision)
+    return _decode(task, outputs, feats, examples, order), (sum(losses) / len(losses) if losses else None)
 
 
 def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size: int,
               procs: Processes):
-    """run_task over several processes: each rank runs a contiguous part of the features, rank 0
+    """run_task over several processes: each rank runs a contiguous part of the (length-sorted) features, rank 0
     puts the outputs back in order and decodes them all at once (QA n-best and NER decoding see
     every feature, as in one process). Returns (predictions, mean loss) on rank 0, None elsewhere."""
     if procs.world == 1:
         return run_task(task, model, feats, examples, tokenizer, batch_size)
-    n = len(feats)
+    order = _length_order(task, feats, examples)
+    ordered, n = [feats[i] for i in order], len(feats)
     part = slice(procs.rank * n // procs.world, (procs.rank + 1) * n // procs.world)
-    mine = task_outputs(task, model, feats[part], tokenizer, batch_size) if part.stop > part.start else ([], [])
+    mine = task_outputs(task, model, ordered[part], tokenizer, batch_size) if part.stop > part.start else ([], [])
     parts = procs.gather(mine)
     if not procs.main:
         return None
     outputs = [o for out, _ in parts for o in out]
     losses = [x for _, loss in parts for x in loss]
-    return task.decode(outputs, feats, examples), (sum(losses) / len(losses) if losses else None)
+    return _decode(task, outputs, feats, examples, order), (sum(losses) / len(losses) if losses else None)
 
 
 def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None,

@@ -289,3 +289,42 @@ def test_classify_defaults_to_the_checkpoints_own_sentence_vector(tmp_path, tiny
         from bertkit.tasks import DEFAULTS
         assert config["epochs"] == 1 and config["lr"] == DEFAULTS["classify"]["lr"]  # given, and the task's default
         assert config["group_by_length"] == ("--shuffled-batches" not in extra)
+
+
+@pytest.mark.parametrize("task_name", ["classify", "ner", "tag"])
+def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_order(tmp_path, tiny_bert, task_name):
+    """run_task batches the features by length (less padding) and hands the predictions back in
+    input order: the same as decoding batches taken in input order."""
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.finetune import _length_order, run_task, task_outputs
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    task = get_task(task_name)()
+    if task_name == "classify":
+        words = "a wonderful moving film that is dull and far too long but the best thing this year".split()
+        path = tmp_path / "data.csv"
+        path.write_text("text,label\n" + "".join(f'"{" ".join(words[:3 + (7 * i) % 14])}",{"ab"[i % 2]}\n'
+                                                 for i in range(23)))
+    else:
+        path = tmp_path / "data.conll"
+        path.write_text(CONLL * 3 + "Paris B-geo-loc\n\n")
+    examples = task.read(path)
+    task.fit(examples, {"max_len": 64})
+    torch.manual_seed(0)
+    bert, _ = load_model(tiny_bert, heads=False)
+    model = TaskModel(bert, task.head(bert.config, bert)).eval()
+    init_weights(model.head, bert.config)
+    tok = load_tokenizer(tiny_bert)
+    feats = task.features(examples, tok, 64)
+    assert _length_order(task, feats, examples) != list(range(len(feats)))  # the order does change
+    sorted_preds, _ = run_task(task, model, feats, examples, tok, batch_size=4)
+    outputs, _ = task_outputs(task, model, feats, tok, batch_size=4)
+    plain = task.decode(outputs, feats, examples)
+    assert len(sorted_preds) == len(plain) == len(examples)
+    for ours, theirs in zip(sorted_preds, plain):
+        if task_name == "classify":
+            assert ours["label"] == theirs["label"]
+            for label, score in theirs["scores"].items():
+                assert abs(ours["scores"][label] - score) < 1e-5
+        else:
+            assert ours == theirs

@@ -91,6 +91,9 @@ class Task:
     name = ""
     primary_metric = ""          # the metric that picks the best epoch (higher is better)
     hf_architecture = "BertModel"
+    # decode(outputs, feats, examples) pairs the i-th feature with the i-th example, so evaluation
+    # may run the features in any order and put the predictions back (qa: windows of a question)
+    feature_per_example = True
 
     # the keys `finetune --option KEY=VALUE` accepts for this task, each with its check
     options: dict[str, OptionCheck] = {}

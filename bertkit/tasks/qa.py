@@ -29,6 +29,7 @@ class SpanHead(nn.Module):
 class QATask(Task):
     name = "qa"
     primary_metric = "f1"
+    feature_per_example = False
     options = {"doc_stride": int_at_least(0), "max_query_len": int_at_least(1), "n_best": int_at_least(1),
                "max_answer_len": int_at_least(1), "null_score_diff": finite_number, "version_2": boolean}
     hf_architecture = "BertForQuestionAnswering"
