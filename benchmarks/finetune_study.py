@@ -109,6 +109,22 @@ def part_of(run: str, setting: str) -> str:
     return "defaults" if setting in DEFAULTS_PART.get(run, ()) else "choices"
 
 
+# entries from before this field was written were timed on the project's earlier machine kind
+EARLIER_CPU = "AMD EPYC (AVX2, no AVX-512)"
+
+
+def cpu_name() -> str:
+    """This machine's CPU as /proc/cpuinfo names it, and whether it has AMX (bf16 matrix tiles)."""
+    name = platform.processor() or platform.machine()
+    try:
+        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                    if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+    return f"{name} ({'AMX' if amx else 'no AMX'})"
+
+
 def run_one(run: str, setting: str, seed: int, model_dir: Path, data: Path, cap: int, work: Path) -> dict:
     task_name, dataset, train_file, eval_file, options, _ = RUNS[run]
     epochs, batch_size, lr, max_len = BASE[task_name]
@@ -138,8 +154,10 @@ def _primary(task_name: str) -> str:
 
 
 def table(results: dict) -> str:
-    lines = ["| data set | setting | metric, mean ± std over seeds | seeds | seconds per run |",
-             "|---|---|---|---|---|"]
+    # seconds compare only between rows timed on the same machine: each row names its machine
+    machines: list[str] = []
+    lines = ["| data set | setting | metric, mean ± std over seeds | seeds | seconds per run | timed on |",
+             "|---|---|---|---|---|---|"]
     for run, settings in STUDY.items():
         for setting in settings:
             rows = [v for k, v in results.items() if k.startswith(f"{run} / {setting} / seed ")]
@@ -147,8 +165,12 @@ def table(results: dict) -> str:
                 continue
             values = [r["metric"] for r in rows]
             std = statistics.stdev(values) if len(values) > 1 else float("nan")
+            cpus = sorted({r.get("cpu", EARLIER_CPU) for r in rows})
+            machines += [c for c in cpus if c not in machines]
             lines.append(f"| {run} | {setting} | {statistics.mean(values):.3f} ± {std:.3f} | {len(values)} | "
-                         f"{statistics.mean(r['seconds'] for r in rows):.0f} |")
+                         f"{statistics.mean(r['seconds'] for r in rows):.0f} | "
+                         f"{', '.join(chr(65 + machines.index(c)) for c in cpus)} |")
+    lines += [""] + [f"{chr(65 + i)}: {c}" for i, c in enumerate(machines)]
     # what each part costs to rerun: the sum of its measured run times
     totals: dict[str, float] = {}
     for key, r in results.items():
@@ -188,7 +210,7 @@ def main():
                     if key in results or (args.settings and setting not in args.settings) or \
                             args.part not in ("all", part_of(run, setting)):
                         continue
-                    results[key] = run_one(run, setting, seed, model_dir, data, args.cap, work)
+                    results[key] = {**run_one(run, setting, seed, model_dir, data, args.cap, work), "cpu": cpu_name()}
                     print(f"{key}: {results[key]['metric']:.4f} ({results[key]['seconds']:.0f} s)", flush=True)
                     saved.update(machine=platform.machine(), threads=torch.get_num_threads(), torch=torch.__version__,
                                  cap=args.cap, date=time.strftime("%Y-%m-%d"))
