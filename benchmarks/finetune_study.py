@@ -75,8 +75,6 @@ STUDY: dict[str, dict[str, dict]] = {
         # the whole training split (1,915 sentences) at the defaults the rows above chose
         "softmax, lr 1e-4, all sentences": {"lr": 1e-4, "cap": 0},
         "softmax, lr 1e-4, all sentences, bf16": {"lr": 1e-4, "cap": 0, "precision": "bf16"},
-        "softmax, lr 1e-4, all sentences, bf16, shuffled batches": {"lr": 1e-4, "cap": 0, "precision": "bf16",
-                                                                    "group_by_length": False},
         "crf (tag), all sentences": {"task": "tag", "cap": 0},
         "transformers, lr 1e-4, all sentences": {"lr": 1e-4, "cap": 0},
     },
@@ -98,8 +96,7 @@ STUDY: dict[str, dict[str, dict]] = {
 # training split and qa's longer recipe.
 DEFAULTS_PART = {
     "classify-tweets": set(STUDY["classify-tweets"]),
-    "ner": {"softmax, lr 1e-4, all sentences", "softmax, lr 1e-4, all sentences, bf16",
-            "softmax, lr 1e-4, all sentences, bf16, shuffled batches", "crf (tag), all sentences",
+    "ner": {"softmax, lr 1e-4, all sentences", "softmax, lr 1e-4, all sentences, bf16", "crf (tag), all sentences",
             "transformers, lr 1e-4, all sentences"},
     "qa": {"8 epochs, bf16", "transformers, 8 epochs"},
 }
