@@ -106,8 +106,8 @@ def part_of(run: str, setting: str) -> str:
     return "defaults" if setting in DEFAULTS_PART.get(run, ()) else "choices"
 
 
-# entries from before this field was written were timed on the project's earlier machine kind
-EARLIER_CPU = "AMD EPYC (AVX2, no AVX-512)"
+# entries from before this field was written: an earlier session, CPU not recorded
+EARLIER_CPU = "an earlier session (CPU not recorded)"
 
 
 def cpu_name() -> str:
