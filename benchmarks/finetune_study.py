@@ -11,9 +11,9 @@ Choices compared:
   bertkit row trains in fp32, as transformers' plain loop does.
 
 The real MiniLM checkpoint, the built-in data sets with their fixed splits, training sets capped
-(--cap) so the whole study fits 90 minutes on 2 cores. Each (setting, seed) is one JSON entry in
-benchmarks/results/finetune_study.json; a rerun skips the entries already there, so the study
-can run in parts (--only).
+(--cap) so that each part (--part) fits 90 minutes on 2 cores. Each (setting, seed) is one JSON
+entry in benchmarks/results/finetune_study.json, with the CPU it was timed on; a rerun skips the
+entries already there, so the study can run in parts (--only, --settings).
 
     .venv/bin/python benchmarks/finetune_study.py [--part choices|defaults] [--only classify-rt ner]
         [--settings NAME ...] [--seeds 0 1 2] [--cap 1000]
