@@ -122,6 +122,7 @@ def main():
              for name, f in (("bertkit --precision bf16", "bertkit-bf16"), ("bertkit --backend onnx", "bertkit-onnx"),
                              ("transformers, input order", "hf"),
                              ("ONNX Runtime, sorted", "ort"))}
+
     def min_cosine(f):
         a, b = np.load(work / f"{f}-full.npy"), ref
         return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
@@ -130,8 +131,10 @@ def main():
                       "startup_median_s": statistics.median(times["startup"][name])} for name, v in times["full"].items()}
     base = summary["bertkit"]["median_s"]
     import torch
+
+    from bertkit.training.distributed import amx_bf16
     result = {"machine": platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
-              "amx_bf16": bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()),
+              "amx_bf16": amx_bf16(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,
               "min_cosine_vs_bertkit": cosines}

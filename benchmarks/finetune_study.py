@@ -36,6 +36,7 @@ from finetune_vs_transformers import RUNS, _cap, hf_finetune  # noqa: E402
 
 from bertkit.data.registry import export  # noqa: E402
 from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
+from bertkit.training.distributed import amx_bf16  # noqa: E402
 
 # The settings every change starts from: bertkit's defaults before the study (classify with 2
 # epochs), spelled out so that a rerun gives the same table whatever the defaults are now.
@@ -118,8 +119,7 @@ def cpu_name() -> str:
                     if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    amx = bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
-    return f"{name} ({'AMX' if amx else 'no AMX'})"
+    return f"{name} ({'AMX' if amx_bf16() else 'no AMX'})"
 
 
 def run_one(run: str, setting: str, seed: int, model_dir: Path, data: Path, cap: int, work: Path) -> dict:

@@ -3,8 +3,8 @@
 The sentence vector is, by default, the one the checkpoint was trained to give: for a
 sentence-transformers folder its declared pooling (MiniLM: mean), else BERT's tanh pooler. The
 fine-tuning study chose it (MiniLM, 3 seeds: mean beat the pooler on rotten-tomatoes and tweets);
-`pooling = "pooler" | "cls" | "mean"` chooses any of them. Then dropout and a linear layer, or an MLP head
-(hidden layer, ReLU, dropout) with `head = "mlp"`.
+`pooling = "pooler" | "cls" | "mean"` chooses any of them. Then dropout and a linear layer, or
+an MLP head (hidden layer, ReLU, dropout) with `head = "mlp"`.
 """
 from __future__ import annotations
 
