@@ -301,6 +301,9 @@ def test_lr_factor_follows_the_elapsed_share_of_a_budget():
     assert f[0] == pytest.approx(0.05) and f[1] == pytest.approx(0.5) and f[2] == pytest.approx(1.0)
     assert f[3] == pytest.approx(1.0) and f[4] == pytest.approx(0.5) and f[5] == pytest.approx(0.5 / 90)
     assert f[6] == 0.0
+    # a step that starts just before warm-up ends (an elapsed time between two step starts) never
+    # goes past the peak: it once reached 1.002 of it
+    assert max(lr_factor(t / 100, 100.0, 0.1, 0.5) for t in range(0, 10001)) == 1.0
 
 
 def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_clock(tmp_path, wiki_excerpt, vocab):

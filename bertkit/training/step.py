@@ -33,7 +33,8 @@ def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
     or seconds): linear warm-up over the first `warmup` share, then linear decay to 0 at the end.
     `unit` is one step (1 step, or its expected seconds): warm-up lasts at least one."""
     w = max(unit, warmup * total)
-    return max(0.0, min((done + unit) / w, (total - done) / max(unit, total - w)))
+    # capped at 1: a step starting just before the end of warm-up would otherwise overshoot
+    return max(0.0, min(1.0, (done + unit) / w, (total - done) / max(unit, total - w)))
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
