@@ -251,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
     pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
-    pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, or 'wiki' (default)")
+    pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, wiki (default), python-docs or linux-docs "
+                                     "(Debian's documentation packages); A+B adds B as training-only text")
     pt.add_argument("--doc-per-file", action="store_true",
                     help="each .txt file is one document (default: blank lines separate documents)")
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")

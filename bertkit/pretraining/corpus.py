@@ -7,6 +7,7 @@ random "not next" sentences from elsewhere. Sources are a .txt file, a folder of
 from __future__ import annotations
 
 import bz2
+import gzip
 import html
 import importlib.util
 import itertools
@@ -163,13 +164,56 @@ def _files_documents(files: Iterable[Path], per_file: bool = False) -> Iterator[
             yield from _file_documents(path)
 
 
+class TrainOnly(list):
+    """A document of an added source ("wiki+python-docs": python-docs): trained on, never held
+    out, so the evaluation stays on the first source's text whatever is added to it."""
+
+
+# Built-in text from Debian's documentation packages: (files, the package that installs them).
+DOC_SOURCES = {
+    "python-docs": ("/usr/share/doc/python3.11/html/_sources", "**/*.rst.txt", "python3.11-doc"),
+    "linux-docs": ("/usr/share/doc/linux-doc-6.1/Documentation", "**/*.rst.gz", "linux-doc-6.1"),
+}
+
+
+def _doc_files(name: str) -> list[Path]:
+    folder, pattern, package = DOC_SOURCES[name]
+    files = sorted(p for p in Path(folder).glob(pattern) if p.is_file())
+    if not files:
+        raise BertkitError(f"{name}: no documentation sources in {folder}; install them with "
+                           f"`apt-get install {package}`")
+    return files
+
+
+def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
+    """One document per reST file (plain or .gz): its prose, in sentences."""
+    from .rest import rest_paragraphs
+    for path in files:
+        text = gzip.decompress(read_bytes(path)).decode("utf-8") if path.suffix == ".gz" else _read(path)
+        sentences = split_sentences("\n".join(rest_paragraphs(text)))
+        if len(sentences) >= 2:
+            yield sentences
+
+
+def _added(documents: Iterator[Document]) -> Iterator[Document]:
+    for doc in documents:
+        yield TrainOnly(doc)
+
+
 def iter_documents(source: str | Path, per_file: bool = False) -> Iterator[Document]:
-    """Stream the documents of `source`: "wiki", a text file, or a folder of *.txt files.
-    Documents are separated by blank lines, or with per_file each file is one document (its
-    blank lines then only end paragraphs), as for a folder of articles or manual pages."""
+    """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", a text file, or a
+    folder of *.txt files; or several joined by "+" ("wiki+python-docs"), where the documents of
+    all but the first are TrainOnly. Documents are separated by blank lines, or with per_file each
+    file is one document (its blank lines then only end paragraphs), as for a folder of articles
+    or manual pages."""
     if str(source) == "wiki":
         _wiki_path()
         return wiki_documents()
+    if str(source) in DOC_SOURCES:
+        return rest_documents(_doc_files(str(source)))
+    if "+" in str(source) and not Path(source).exists():
+        first, *added = (iter_documents(part, per_file) for part in str(source).split("+"))
+        return itertools.chain(first, *map(_added, added))
     path = Path(source)
     # Checked here, not lazily, so a bad path fails at the call rather than the first batch.
     if path.is_dir():

@@ -21,6 +21,7 @@ import numpy as np
 
 from ..errors import BertkitError
 from ..tokenizer import WordPieceTokenizer
+from .corpus import TrainOnly
 
 FORMAT = 1
 
@@ -82,7 +83,8 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
                     encode_batch: int = 2000) -> tuple["TokenStore", "TokenStore"]:
     """Tokenize documents (lists of sentences) once into folder/train and folder/eval shards.
 
-    Every `holdout_every`-th document (0: none) is held out for evaluation. The folder is
+    Every `holdout_every`-th document (0: none) is held out for evaluation, counting only those
+    that are not TrainOnly (the held-out set of "wiki" and of "wiki+python-docs" is the same). The folder is
     written under a temporary name and renamed when complete."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".partial")
@@ -104,7 +106,9 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
             ids = [np.asarray(e.ids, dtype=dtype) for e in encs[i:i + len(d)]]
             i += len(d)
             ids = [s for s in ids if len(s)]  # a sentence of only unknown characters may vanish
-            if ids:
+            if ids and isinstance(d, TrainOnly):  # added text: trained on, never held out
+                writers["train"].add(ids)
+            elif ids:
                 held_out = holdout_every and n_docs % holdout_every == holdout_every // 2
                 writers["eval" if held_out else "train"].add(ids)
                 n_docs += 1

@@ -56,7 +56,8 @@ RECIPES: dict[str, dict] = {
 
 @dataclass
 class PretrainConfig:
-    corpus: str = "wiki"             # a .txt file, a folder of .txt files, or "wiki" (built-in sample)
+    corpus: str = "wiki"             # a .txt file, a folder of .txt files, "wiki" (built-in sample), "python-docs",
+                                     # "linux-docs"; "A+B": B is training-only text, held-out documents come from A
     doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
     out: str | None = None           # default: runs/pretrain-<time>
