@@ -142,3 +142,101 @@ def test_streamed_lines_equal_the_whole_file_read(tmp_path_factory, blob):
         assert str(streamed.value) == str(e)
     else:
         assert list(_file_lines(path)) == whole
+
+
+REST = """\
+.. _tut-intro:
+
+*****************
+An Informal Intro
+*****************
+
+The :keyword:`while` statement and :func:`~os.path.join` are explained in
+:ref:`the tutorial <tut-loops>`; see ``print()`` and `the site <https://example.org>`_ [#]_.
+
+.. index::
+   single: index entries are not prose
+
+Heading
+=======
+
+For example, a literal block::
+
+   >>> x = 1
+   this literal block is code
+
+.. code-block:: python
+
+   print("a code block is not prose")
+
+>>> 1 + 1
+2
+
++-------+-------+
+| a     | table |
++-------+-------+
+
+.. note::
+
+   A note is prose, with **bold** and *emphasis* kept as text.
+
+.. function:: join(path, *paths)
+   :noindex:
+
+   Join one or more path segments intelligently.
+
+* The first item of a list.
+* The second item of the list.
+
+.. A comment that spans
+   two lines is dropped.
+"""
+
+
+def test_rest_prose_keeps_the_sentences_and_drops_the_markup():
+    from bertkit.pretraining.rest import rest_paragraphs
+    assert rest_paragraphs(REST) == [
+        "The while statement and join are explained in the tutorial; see print() and the site.",
+        "For example, a literal block:",
+        "A note is prose, with bold and emphasis kept as text.",
+        "Join one or more path segments intelligently.",
+        "The first item of a list.",
+        "The second item of the list.",
+    ]
+
+
+def test_added_sources_are_trained_on_and_never_held_out(tmp_path, minilm_folder):
+    from bertkit import WordPieceTokenizer
+    from bertkit.pretraining.corpus import TrainOnly
+    from bertkit.pretraining.shards import tokenize_corpus
+    a = write(tmp_path / "a.txt", "\n\n".join(f"Article {i} is here. It has two sentences." for i in range(8)))
+    b = write(tmp_path / "b.txt", "\n\n".join(f"Manual page {i} says this. And that." for i in range(5)))
+    docs = list(iter_documents(f"{a}+{b}"))
+    assert [type(d) for d in docs] == [list] * 8 + [TrainOnly] * 5
+    assert docs == load_documents(a) + load_documents(b)
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    train_a, held_a = tokenize_corpus(iter_documents(a), tok, tmp_path / "only_a", holdout_every=4)
+    train_ab, held_ab = tokenize_corpus(iter_documents(f"{a}+{b}"), tok, tmp_path / "a_b", holdout_every=4)
+    assert held_ab.meta["documents"] == held_a.meta["documents"] == 2
+    assert held_ab.shard(0).tokens.tolist() == held_a.shard(0).tokens.tolist()  # the same held-out text
+    assert train_ab.meta["documents"] == train_a.meta["documents"] + 5
+    # a file whose name holds "+" is that file, not two sources
+    plus = write(tmp_path / "c+d.txt", "One. Two.\n\nThree. Four.")
+    assert load_documents(plus) == [["One.", "Two."], ["Three.", "Four."]]
+
+
+def test_documentation_sources_are_read_from_their_package_or_named(tmp_path, monkeypatch):
+    import gzip
+
+    from bertkit.pretraining import corpus
+    docs = tmp_path / "docs"
+    write(docs / "tutorial" / "a.rst.txt", REST)
+    (docs / "b.rst.gz").write_bytes(gzip.compress(b"Title\n=====\n\nFirst sentence here. Second one here.\n"))
+    monkeypatch.setitem(corpus.DOC_SOURCES, "python-docs", (str(docs), "**/*.rst*", "python3.11-doc"))
+    found = list(iter_documents("python-docs"))
+    assert found[0] == ["First sentence here.", "Second one here."]  # b.rst.gz sorts first
+    assert found[1][0].startswith("The while statement and join")
+    monkeypatch.setitem(corpus.DOC_SOURCES, "linux-docs", (str(tmp_path / "none"), "**/*.rst.gz", "linux-doc-6.1"))
+    with pytest.raises(BertkitError, match=r"linux-docs: no documentation sources in .*none; install them with "
+                                           r"`apt-get install linux-doc-6.1`"):
+        iter_documents("wiki+linux-docs")

@@ -64,6 +64,7 @@ def rest_paragraphs(source: str) -> list[str]:
     para: list[str] = []
     indent_of_para = 0
     skip_deeper: int | None = None  # drop the lines indented deeper than this (code, markup)
+    session = False
 
     def end_paragraph():
         nonlocal skip_deeper
@@ -82,6 +83,9 @@ def rest_paragraphs(source: str) -> list[str]:
             if not stripped or indent > skip_deeper:
                 continue
             skip_deeper = None
+        if session:  # an interactive session (">>>") ends at a blank line
+            session = bool(stripped)
+            continue
         if not stripped:
             end_paragraph()
         elif stripped.startswith(".."):
@@ -93,9 +97,12 @@ def rest_paragraphs(source: str) -> list[str]:
             if len(para) == 1:  # the line above was a heading (an overline has none above)
                 para.clear()
             end_paragraph()
-        elif stripped.startswith((">>>", "$ ")) or _TABLE.match(stripped) or (not para and _FIELD.match(stripped)):
-            end_paragraph()  # a session, a table, a directive's options: to the end of the block
-            skip_deeper = indent - 1 if stripped.startswith((">>>", "$ ")) else indent
+        elif stripped.startswith((">>>", "$ ")):
+            end_paragraph()
+            session = True
+        elif _TABLE.match(stripped) or (not para and _FIELD.match(stripped)):
+            end_paragraph()  # a table, a directive's options: to the end of the block
+            skip_deeper = indent
         else:
             if para and _LIST_MARK.match(stripped):
                 end_paragraph()  # the next item of a list
