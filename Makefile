@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench bench-recipes bench-serve bench-finetune-study bench-finetune-defaults bench-gpu clean
+.PHONY: demo test test-all bench bench-recipes bench-corpus bench-serve bench-finetune-study bench-finetune-defaults bench-gpu clean
 
 $(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ CHROMEDRIVER := /usr/bin/chromedriver
 $(CHROMEDRIVER):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
 
+# Debian's documentation sources: the python-docs and linux-docs corpora (benchmarks only)
+DOCS := /usr/share/doc/python3.11/html/_sources/contents.rst.txt /usr/share/doc/linux-doc-6.1/Documentation/index.rst.gz
+$(DOCS):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-doc linux-doc-6.1
+
 # the main job: pretrain the tiny BERT on the Wikipedia sample (~10 min on 2 cores), then show
 # what it learned; then contextual vectors from the real MiniLM checkpoint
 demo: $(VENV)/.runtime
@@ -38,7 +43,7 @@ $(VENV)/.bench: $(VENV)/.test
 	$(PIP) --no-deps d2l==1.0.3
 	touch $@
 
-bench: $(VENV)/.bench
+bench: $(VENV)/.bench $(DOCS)
 	$(PY) benchmarks/pretrain_throughput.py
 	$(PY) benchmarks/pretrain_throughput.py --preset mini --max-len 128
 	$(PY) benchmarks/streaming_memory.py
@@ -46,6 +51,10 @@ bench: $(VENV)/.bench
 # which pretraining recipe learns most in 10 minutes (about 90 minutes on 2 cores)
 bench-recipes: $(VENV)/.runtime
 	$(PY) benchmarks/pretrain_recipes.py
+
+# does more text help the 10-minute run: wiki alone and with Debian's documentation (about 35 minutes)
+bench-corpus: $(VENV)/.runtime $(DOCS)
+	$(PY) benchmarks/pretrain_corpus.py
 
 # serving and inference: whole-process encode speed against transformers and ONNX Runtime, the
 # server under load (1, 8, 64 clients; batching on and off), what int8 costs on a real task

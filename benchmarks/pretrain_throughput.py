@@ -5,8 +5,9 @@ All get the same configuration (the tiny preset: 2 layers, hidden 128, 2 heads, 
 --preset), the same batches (batch 512, max length 64, from the built-in Wikipedia sample,
 MLM + NSP, dropout 0.1 as the textbook trains); bertkit and transformers also share their
 initial weights. Steps alternate between the implementations so that all see the same machine
-noise; each figure is the median step with its min and max. bertkit is timed twice: with the
-textbook's dropout 0.1 (the like-for-like figure) and with its default recipe's dropout 0.
+noise; each figure is the median step with its min and max. bertkit is timed three times: with the
+textbook's dropout 0.1 (the like-for-like figure), with its default recipe's dropout 0, and with
+dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks).
 It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
 took, as a share of this machine's measured fp32 matmul peak.
 
@@ -18,6 +19,7 @@ module imports plotting and vision packages that BERTModel never uses, stubbed h
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
 import statistics
@@ -28,6 +30,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+import bertkit.model
 from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer
 from bertkit.checkpoint import save_model
 from bertkit.model import init_weights, set_dropout
@@ -57,6 +60,30 @@ def bertkit_step(model, opt, batch):
     opt.step()
     opt.zero_grad(set_to_none=True)
     return out.loss.item()
+
+
+@contextlib.contextmanager
+def torchs_dropout():
+    """bertkit's model as it was before its CPU dropout: torch's F.dropout, and SDPA's own
+    dropout in attention (the comparison row for the fast path)."""
+    fast = bertkit.model.dropout, bertkit.model.attention
+    bertkit.model.dropout = lambda x, p, training=True: torch.nn.functional.dropout(x, p, training)
+
+    def sdpa_with_its_dropout(qkv, n_head, mask, p=0.0):
+        B, T, H = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = (t.view(B, T, n_head, H // n_head).transpose(1, 2) for t in qkv.split(H, dim=2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        return y.transpose(1, 2).reshape(B, T, H)
+    bertkit.model.attention = sdpa_with_its_dropout
+    try:
+        yield
+    finally:
+        bertkit.model.dropout, bertkit.model.attention = fast
+
+
+def bertkit_step_torchs_dropout(model, opt, batch):
+    with torchs_dropout():
+        return bertkit_step(model, opt, batch)
 
 
 def hf_step(model, opt, batch):
@@ -151,7 +178,10 @@ def main():
     set_dropout(ours_no_dropout, 0.0)
     textbook = d2l.BERTModel(tok.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
                              cfg.num_hidden_layers, cfg.hidden_dropout_prob, max_len=512)
+    ours_torchs_dropout = BertForPreTraining(cfg)
+    ours_torchs_dropout.load_state_dict(ours.state_dict())
     runs = {"bertkit": (bertkit_step, ours), "bertkit, dropout 0 (its recipe)": (bertkit_step, ours_no_dropout),
+            "bertkit with torch's dropout (before)": (bertkit_step_torchs_dropout, ours_torchs_dropout),
             "d2l BERTModel (textbook)": (d2l_step, textbook), "transformers": (hf_step, theirs)}
     opts = {}
     for name, (step, model) in runs.items():

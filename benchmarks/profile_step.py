@@ -27,7 +27,7 @@ GROUPS = [("matmul (linear layers, vocabulary projection)", ("aten::mm", "aten::
           ("attention kernel (SDPA)", ("scaled_dot_product", "aten::_softmax")),
           ("MLM loss: softmax and its gradient", ("aten::exp", "aten::sub", "aten::max", "aten::log_softmax",
                                                   "aten::_log_softmax", "aten::nll_loss", "aten::logsumexp")),
-          ("dropout", ("aten::bernoulli", "aten::native_dropout")),
+          ("dropout masks", ("aten::bernoulli", "aten::native_dropout", "bertkit::keep_mask")),
           ("GELU", ("aten::gelu",)),
           ("LayerNorm", ("aten::native_layer_norm",)),
           ("embeddings", ("aten::embedding", "aten::index_select")),
@@ -46,6 +46,7 @@ def group_of(name: str) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--top", type=int, default=0, help="also print the N operators with the most self time")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bertkit-profile-"))
     tok = WordPieceTokenizer.train((s for d in iter_documents("wiki") for s in d), args.vocab_size)
@@ -79,13 +80,15 @@ def main():
             step(batches[5])
         totals: dict[str, float] = {}
         for e in prof.key_averages():
-            if e.key.startswith("aten::"):
+            if e.key.startswith(("aten::", "bertkit::")):
                 totals[group_of(e.key)] = totals.get(group_of(e.key), 0.0) + e.self_cpu_time_total / 1e3
         whole = sum(totals.values())
         print(f"\ndropout {dropout}: {per_step:.3f} s/step unprofiled ({512 / per_step:.0f} pairs/s)\n")
         print("| where | ms | share |\n|---|---|---|")
         for label, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
             print(f"| {label} | {ms:.0f} | {ms / whole:.0%} |")
+        if args.top:
+            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top))
 
 
 if __name__ == "__main__":

@@ -7,13 +7,88 @@ one matmul instead of three).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+
+
+# ---- dropout -------------------------------------------------------------------------------
+# torch's dropout on a CPU draws its mask one element at a time (about 10 ns each): with dropout
+# 0.1 the masks took a fifth of a tiny-BERT pretraining step. Here the mask comes from numpy's
+# SFC64 generator, 32 random bits per element in bulk, seeded from torch's generator so that
+# torch.manual_seed and a checkpoint's RNG state still decide every mask. On other devices
+# torch's own (fused) dropout runs.
+
+def keep_mask(shape, p: float) -> torch.Tensor:
+    """A bool tensor of `shape`, each element True with probability 1 - p (to within 2^-32)."""
+    with torch.profiler.record_function("bertkit::keep_mask"):  # named in profiles
+        n = math.prod(shape)
+        seed = int(torch.randint(0, 2**62, ()))  # from torch's default generator
+        bits = np.random.Generator(np.random.SFC64(seed)).bit_generator.random_raw((n + 1) // 2).view(np.int32)
+        return torch.from_numpy(bits[:n]).view(shape) >= round(p * 2**32) - 2**31
+
+
+class _MaskedScale(torch.autograd.Function):
+    """x * keep / (1 - p), and the same scaling of the gradient; keep is saved as bool."""
+
+    @staticmethod
+    def forward(ctx, x, keep, scale: float):
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * _scaled(keep, scale, x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        keep, = ctx.saved_tensors
+        return grad * _scaled(keep, ctx.scale, grad.dtype), None, None
+
+
+def _scaled(keep, scale: float, dtype):
+    return keep.view(torch.uint8).to(dtype).mul_(scale)  # from uint8: a vectorised cast, unlike bool's
+
+
+def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
+    """Inverted dropout as F.dropout computes it, with bulk-drawn masks on a CPU."""
+    if not training or p == 0:
+        return x
+    if x.device.type != "cpu" or p >= 1:
+        return F.dropout(x, p, training)
+    return _MaskedScale.apply(x, keep_mask(x.shape, p), 1.0 / (1.0 - p))
+
+
+class Dropout(nn.Dropout):
+    def forward(self, x):
+        return dropout(x, self.p, self.training)
+
+
+def attention(qkv, n_head: int, mask, dropout_p: float = 0.0):
+    """softmax(q k^T / sqrt(hs) + mask) v per head, the attention probabilities dropped out at
+    dropout_p. qkv: (B, T, 3H) the fused projection; mask: (B, 1, 1, T) bool or None; returns
+    (B, T, H). Without dropout (or off a CPU) this is SDPA's fused kernel. With it SDPA would
+    spell out the same steps with torch's dropout and copies of q, k, v in head-major order; here
+    they run a head at a time on q, k, v where they lie in qkv (bmm reads the strides)."""
+    B, T, H3 = qkv.shape
+    H, hs = H3 // 3, H3 // 3 // n_head
+    if dropout_p == 0 or qkv.device.type != "cpu":
+        q, k, v = (t.view(B, T, n_head, hs).transpose(1, 2) for t in qkv.split(H, dim=2))  # 3 x (B, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)    # (B, nh, T, hs)
+        return y.transpose(1, 2).reshape(B, T, H)
+    heads = qkv.split(hs, dim=2)  # 3 * nh x (B, T, hs): q of every head, then k, then v
+    bias = qkv.new_zeros(1, 1, 1)
+    if mask is not None:  # 0 at real keys, -inf at padding: (B, 1, T)
+        bias = qkv.new_zeros(B, 1, T).masked_fill_(~mask.view(B, 1, T), float("-inf"))
+    out = []
+    for i in range(n_head):
+        q, k, v = heads[i], heads[n_head + i], heads[2 * n_head + i]
+        scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=1.0 / math.sqrt(hs))  # (B, T, T)
+        out.append(torch.bmm(dropout(scores.softmax(-1), dropout_p), v))              # (B, T, hs)
+    return torch.cat(out, dim=2)                                                       # (B, T, H)
 
 
 class Embeddings(nn.Module):
@@ -25,7 +100,7 @@ class Embeddings(nn.Module):
         self.position = nn.Embedding(cfg.max_position_embeddings, cfg.hidden_size)
         self.segment = nn.Embedding(cfg.type_vocab_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.drop = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids):
         T = input_ids.size(1)
@@ -35,7 +110,7 @@ class Embeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention through scaled_dot_product_attention (fused kernels)."""
+    """Multi-head self-attention: SDPA's fused kernels, or its steps spelled out for dropout on a CPU."""
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
@@ -45,15 +120,8 @@ class SelfAttention(nn.Module):
         self.attn_dropout = cfg.attention_probs_dropout_prob
 
     def forward(self, x, mask):
-        B, T, H = x.shape
-        q, k, v = self.qkv(x).split(H, dim=2)                            # 3 x (B, T, H)
-        q = q.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, H // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        # mask: (B, 1, 1, T) bool, True where the key is a real token, or None
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0)
-        y = y.transpose(1, 2).reshape(B, T, H)                           # (B, T, H)
+        # x: (B, T, H); mask: (B, 1, 1, T) bool, True where the key is a real token, or None
+        y = attention(self.qkv(x), self.n_head, mask, self.attn_dropout if self.training else 0.0)  # (B, T, H)
         return self.out(y)
 
 
@@ -67,7 +135,7 @@ class EncoderLayer(nn.Module):
         self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
         self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.drop = nn.Dropout(cfg.hidden_dropout_prob)
+        self.drop = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, x, mask):
         x = self.attn_norm(x + self.drop(self.attn(x, mask)))                     # (B, T, H)

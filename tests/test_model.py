@@ -149,3 +149,61 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
     assert out.mlm_logits.shape == (13, 3, 99)
     assert torch.equal(out.mlm_correct, (out.mlm_predictions == labels) & used)
     torch.testing.assert_close(out.mlm_loss * used.sum(), loss_p * 20.0, rtol=1e-4, atol=1e-5)
+
+
+def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(monkeypatch):
+    """The bulk-drawn CPU dropout: keep rate 1 - p, output and gradient x * keep / (1 - p) (what
+    F.dropout computes for its own mask), masks decided by torch.manual_seed, fresh per call."""
+    from bertkit import model
+    torch.manual_seed(0)
+    first, second = model.keep_mask((1000, 1000), 0.1), model.keep_mask((1000, 1000), 0.1)
+    assert abs(first.float().mean().item() - 0.9) < 0.002 and not torch.equal(first, second)
+    torch.manual_seed(0)
+    assert torch.equal(model.keep_mask((1000, 1000), 0.1), first)
+    assert model.keep_mask((7, 3), 0.0).all() and model.keep_mask((5, 9, 2), 0.5).shape == (5, 9, 2)
+    masks = []
+    real = model.keep_mask
+    monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
+    x = torch.randn(4, 6, 8, requires_grad=True)
+    y = model.dropout(x, 0.25)
+    (y * torch.arange(8.0)).sum().backward()
+    assert torch.allclose(y, x * masks[0] / 0.75)
+    assert torch.allclose(x.grad, masks[0] / 0.75 * torch.arange(8.0))
+    assert model.dropout(x, 0.25, training=False) is x and model.dropout(x, 0.0) is x
+    layer = model.Dropout(0.3)
+    assert isinstance(layer, torch.nn.Dropout)  # set_dropout and HF-style code still see a dropout
+
+
+def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch):
+    from bertkit import model
+    g = torch.Generator().manual_seed(3)
+    B, T, nh, hs = 2, 7, 4, 8
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=g, requires_grad=True)
+    mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 2 + [0] * 5]).bool()[:, None, None, :]
+
+    def heads(t):  # (B, T, H) -> (B, nh, T, hs)
+        return t.view(B, T, nh, hs).transpose(1, 2)
+    q, k, v = (heads(t) for t in qkv.split(nh * hs, dim=2))
+
+    def plain(keep, p):
+        probs = ((q @ k.transpose(-2, -1)) / hs ** 0.5).masked_fill(~mask, float("-inf")).softmax(-1)
+        return ((probs * keep / (1 - p)) @ v).transpose(1, 2).reshape(B, T, nh * hs)
+    fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, -1)
+    # without dropout: SDPA itself; p -> 0 keeps every element: the spelled-out steps equal SDPA's
+    # fused kernel, values and gradients, with and without padding
+    assert torch.equal(model.attention(qkv, nh, mask, 0.0), fused)
+    ours = model.attention(qkv, nh, mask, 1e-12)
+    assert torch.allclose(ours, fused, atol=1e-6)
+    g_ours, g_fused = (torch.autograd.grad(out.square().sum(), qkv)[0] for out in (ours, fused))
+    assert torch.allclose(g_ours, g_fused, atol=1e-5)
+    unpadded = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, -1)
+    assert torch.allclose(model.attention(qkv, nh, None, 1e-12), unpadded, atol=1e-6)
+    masks = []
+    real = model.keep_mask
+    monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
+    ours = model.attention(qkv, nh, mask, 0.2)
+    assert len(masks) == nh and masks[0].shape == (B, T, T) and not masks[0].all()
+    keep = torch.stack(masks, 1)  # (B, nh, T, T)
+    assert torch.allclose(ours, plain(keep, 0.2), atol=1e-6)
+    g_ours, g_plain = (torch.autograd.grad(out.square().sum(), qkv)[0] for out in (ours, plain(keep, 0.2)))
+    assert torch.allclose(g_ours, g_plain, atol=1e-5)
