@@ -2,7 +2,8 @@
 
 Next sentence prediction needs both: sentences to pair, document boundaries to draw
 random "not next" sentences from elsewhere. Sources are a .txt file, a folder of them
-(documents separated by blank lines) or `wiki`, the Wikipedia sample shipped with gensim.
+(documents separated by blank lines), `wiki` (the Wikipedia sample shipped with gensim),
+`python-docs` or `linux-docs` (Debian's reST documentation sources), or several joined by "+".
 """
 from __future__ import annotations
 
