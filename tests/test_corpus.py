@@ -236,6 +236,9 @@ def test_documentation_sources_are_read_from_their_package_or_named(tmp_path, mo
     found = list(iter_documents("python-docs"))
     assert found[0] == ["First sentence here.", "Second one here."]  # b.rst.gz sorts first
     assert found[1][0].startswith("The while statement and join")
+    (docs / "c.rst.gz").write_bytes(b"not gzip")
+    with pytest.raises(BertkitError, match=r"c\.rst\.gz: not gzip-compressed UTF-8 text"):
+        list(iter_documents("python-docs"))
     monkeypatch.setitem(corpus.DOC_SOURCES, "linux-docs", (str(tmp_path / "none"), "**/*.rst.gz", "linux-doc-6.1"))
     with pytest.raises(BertkitError, match=r"linux-docs: no documentation sources in .*none; install them with "
                                            r"`apt-get install linux-doc-6.1`"):

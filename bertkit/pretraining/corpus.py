@@ -190,7 +190,13 @@ def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
     """One document per reST file (plain or .gz): its prose, in sentences."""
     from .rest import rest_paragraphs
     for path in files:
-        text = gzip.decompress(read_bytes(path)).decode("utf-8") if path.suffix == ".gz" else _read(path)
+        if path.suffix == ".gz":
+            try:
+                text = gzip.decompress(read_bytes(path)).decode("utf-8")
+            except (OSError, EOFError, UnicodeDecodeError) as e:
+                raise BertkitError(f"{path}: not gzip-compressed UTF-8 text ({e})") from None
+        else:
+            text = _read(path)
         sentences = split_sentences("\n".join(rest_paragraphs(text)))
         if len(sentences) >= 2:
             yield sentences

@@ -16,7 +16,7 @@ PROSE_DIRECTIVES = {
     "glossary", "centered", "hlist", "function", "method", "class", "attribute", "data", "exception",
     "decorator", "decoratormethod", "classmethod", "staticmethod", "abstractmethod", "describe",
     "module", "cmdoption", "option", "envvar", "opcode", "pdbcommand", "audit-event", "c:function",
-    "c:type", "c:member", "c:macro", "c:var", "c:struct", "kernel-doc",
+    "c:type", "c:member", "c:macro", "c:var", "c:struct",
 }
 _DIRECTIVE = re.compile(r"\.\.\s+([\w:+-]+)::")
 _UNDERLINE = re.compile(r"([=\-~^\"'`#*+<>_:.])\1{2,}\s*$")

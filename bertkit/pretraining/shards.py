@@ -84,8 +84,8 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
     """Tokenize documents (lists of sentences) once into folder/train and folder/eval shards.
 
     Every `holdout_every`-th document (0: none) is held out for evaluation, counting only those
-    that are not TrainOnly (the held-out set of "wiki" and of "wiki+python-docs" is the same). The folder is
-    written under a temporary name and renamed when complete."""
+    that are not TrainOnly (the held-out set of "wiki" and of "wiki+python-docs" is the same).
+    The folder is written under a temporary name and renamed when complete."""
     folder = Path(folder)
     tmp = folder.with_name(folder.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
