@@ -174,8 +174,10 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
     assert isinstance(layer, torch.nn.Dropout)  # set_dropout and HF-style code still see a dropout
 
 
-def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch):
+@pytest.mark.parametrize("per_head", [True, False])
+def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, per_head):
     from bertkit import model
+    monkeypatch.setattr(model, "PER_HEAD_MIN", 0 if per_head else 1 << 60)  # a head at a time, or batched
     g = torch.Generator().manual_seed(3)
     B, T, nh, hs = 2, 7, 4, 8
     qkv = torch.randn(B, T, 3 * nh * hs, generator=g, requires_grad=True)
@@ -202,8 +204,12 @@ def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch):
     real = model.keep_mask
     monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
     ours = model.attention(qkv, nh, mask, 0.2)
-    assert len(masks) == nh and masks[0].shape == (B, T, T) and not masks[0].all()
-    keep = torch.stack(masks, 1)  # (B, nh, T, T)
+    if per_head:
+        assert len(masks) == nh and masks[0].shape == (B, T, T) and not masks[0].all()
+        keep = torch.stack(masks, 1)  # (B, nh, T, T)
+    else:
+        assert len(masks) == 1 and masks[0].shape == (B * nh, T, T) and not masks[0].all()
+        keep = masks[0].view(B, nh, T, T)
     assert torch.allclose(ours, plain(keep, 0.2), atol=1e-6)
     g_ours, g_plain = (torch.autograd.grad(out.square().sum(), qkv)[0] for out in (ours, plain(keep, 0.2)))
     assert torch.allclose(g_ours, g_plain, atol=1e-5)
