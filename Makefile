@@ -27,10 +27,10 @@ CHROMEDRIVER := /usr/bin/chromedriver
 $(CHROMEDRIVER):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver
 
-# Debian's documentation sources: the python-docs and linux-docs corpora (benchmarks only)
-DOCS := /usr/share/doc/python3.11/html/_sources/contents.rst.txt /usr/share/doc/linux-doc-6.1/Documentation/index.rst.gz
+# Debian's Python documentation sources: the python-docs corpus (benchmarks only)
+DOCS := /usr/share/doc/python3.11/html/_sources/contents.rst.txt
 $(DOCS):
-	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-doc linux-doc-6.1
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends python3.11-doc
 
 # the main job: pretrain the tiny BERT on the Wikipedia sample (~10 min on 2 cores), then show
 # what it learned; then contextual vectors from the real MiniLM checkpoint

@@ -202,11 +202,6 @@ def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
             yield sentences
 
 
-def _added(documents: Iterator[Document]) -> Iterator[Document]:
-    for doc in documents:
-        yield TrainOnly(doc)
-
-
 def iter_documents(source: str | Path, per_file: bool = False) -> Iterator[Document]:
     """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", a text file, or a
     folder of *.txt files; or several joined by "+" ("wiki+python-docs"), where the documents of
@@ -220,7 +215,7 @@ def iter_documents(source: str | Path, per_file: bool = False) -> Iterator[Docum
         return rest_documents(_doc_files(str(source)))
     if "+" in str(source) and not Path(source).exists():
         first, *added = (iter_documents(part, per_file) for part in str(source).split("+"))
-        return itertools.chain(first, *map(_added, added))
+        return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))
     path = Path(source)
     # Checked here, not lazily, so a bad path fails at the call rather than the first batch.
     if path.is_dir():
