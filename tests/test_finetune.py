@@ -1,5 +1,6 @@
 """One fine-tuning loop for every task: tiny end-to-end finetune -> evaluate -> predict runs."""
 import json
+import math
 
 import pytest
 import torch
@@ -328,3 +329,48 @@ def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_orde
                 assert abs(ours["scores"][label] - score) < 1e-5
         else:
             assert ours == theirs
+
+
+def test_ner_decodes_the_best_valid_bio_sequence(minilm_folder):
+    # the softmax says O, I-person, I-person, O word by word: an entity with no beginning. BIO
+    # decoding gives the best valid sequence under the same probabilities; argmax keeps the words'
+    # own tags; a label set that is not BIO cannot be decoded that way and is refused up front
+    import itertools
+    from bertkit.errors import BertkitError
+    from bertkit.tasks.ner import NerTask
+    examples = [{"words": ["Peter", "Blackburn", "visited", "Paris"],
+                 "tags": ["B-person", "I-person", "O", "B-geo-loc"]}]
+    task = NerTask()
+    task.fit(examples, {})
+    assert task.info["decode"] == "bio"
+    labels = task.info["labels"]
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    batch = task.collate(task.features(examples, tok, 32), tok)
+    probs = torch.full((1, batch["input_ids"].size(1), len(labels)), 0.02)
+    for word, (tag, p) in enumerate([("O", 0.5), ("I-person", 0.6), ("I-person", 0.5), ("O", 0.9)]):
+        pos = batch["word_starts"][0, word]
+        probs[0, pos, labels.index(tag)] = p
+        probs[0, pos, labels.index("B-person")] = 0.3 if word == 0 else 0.02
+    logits = probs.log()
+
+    class Fixed(torch.nn.Module):  # a model whose head emits these logits
+        def __init__(self):
+            super().__init__()
+            self.bert = lambda **_: type("Out", (), {"sequence_output": None})
+            self.head = lambda h: logits
+    _, [bio] = task.forward(Fixed(), batch)
+    # brute force: the valid sequence with the highest product of word probabilities
+    word_probs = [probs[0, batch["word_starts"][0, w]] for w in range(4)]
+    valid = lambda seq: all(not labels[c].startswith("I-") or labels[p][2:] == labels[c][2:]
+                            for p, c in zip([labels.index("O")] + list(seq), seq))
+    best = max((s for s in itertools.product(range(len(labels)), repeat=4) if valid(s)),
+               key=lambda s: math.prod(float(word_probs[w][t]) for w, t in enumerate(s)))
+    assert bio == list(best) and [labels[t] for t in bio] == ["B-person", "I-person", "I-person", "O"]
+    argmax = NerTask({**task.info, "decode": "argmax"})
+    _, [plain] = argmax.forward(Fixed(), batch)
+    assert [labels[t] for t in plain] == ["O", "I-person", "I-person", "O"]
+    with pytest.raises(BertkitError, match="decode=bio needs BIO tags.*'PER'"):
+        NerTask().fit([{"words": ["Peter"], "tags": ["PER"]}], {"decode": "bio"})
+    other = NerTask()
+    other.fit([{"words": ["Peter"], "tags": ["PER"]}], {})
+    assert other.info["decode"] == "argmax"  # not BIO: each word's own most likely tag

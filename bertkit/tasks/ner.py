@@ -8,6 +8,11 @@ never sees are predicted "O" and counted on stderr: words cut off by the length 
 that tokenize to no piece at all (a zero-width space "\u200b", a soft hyphen "\u00ad", a
 variation selector "\ufe0f": the normaliser drops them). Keying by word id keeps such a word
 from shifting every later label onto the next word.
+
+`ner` decodes BIO tags by default as the best valid tag sequence under its softmax (Viterbi
+over the per-word log-probabilities, I-X only after B-X or I-X): the same weights as
+transformers' BertForTokenClassification, without its invalid spans. `--option decode=argmax`
+takes each word's most likely tag instead.
 """
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-from .base import Task, bert_inputs, pad, probability
+from .base import Task, bert_inputs, one_of, pad, probability
 from .crf import CRF, bio_constraints
 
 
@@ -35,7 +40,7 @@ class TokenHead(nn.Module):
 class NerTask(Task):
     name = "ner"
     primary_metric = "f1"
-    options = {"dropout": probability}
+    options = {"dropout": probability, "decode": one_of("bio", "argmax")}
     hf_architecture = "BertForTokenClassification"
     use_crf = False
 
@@ -53,11 +58,19 @@ class NerTask(Task):
     def fit(self, train, options):
         super().fit(train, options)
         labels = sorted({t for ex in train for t in ex["tags"]}, key=lambda t: (t != "O", t[2:], t[:2]))
-        if self.use_crf:
-            try:
-                bio_constraints(labels)  # fails early, naming a label that is not O / B-X / I-X
-            except ValueError as e:
-                raise BertkitError(f"the CRF's transition constraints need BIO tags: {e}") from None
+        try:
+            bio_constraints(labels)  # fails early, naming a label that is not O / B-X / I-X
+            bio = None
+        except ValueError as e:
+            bio = e
+        if bio and self.use_crf:
+            raise BertkitError(f"the CRF's transition constraints need BIO tags: {bio}") from None
+        if not self.use_crf:
+            if self.info.get("decode") == "bio" and bio:
+                raise BertkitError(f"--option decode=bio needs BIO tags: {bio}") from None
+            # the study (benchmarks/finetune_study.py) measured BIO decoding on wnut16; folders
+            # from before it have no "decode" key and keep the argmax they were trained with
+            self.info.setdefault("decode", "argmax" if bio else "bio")
         self.info["labels"] = labels
 
     def check(self, examples, source):
@@ -119,24 +132,23 @@ class NerTask(Task):
         h = model.bert(**bert_inputs(batch)).sequence_output
         logits = model.head(h).float()                                         # (B, T, L)
         has_targets = bool((batch["labels"] != -100).any())
+        # per word: the logits of its first piece
+        starts = batch["word_starts"]                                           # (B, W)
+        emissions = logits.gather(1, starts[..., None].expand(-1, -1, logits.size(-1)))  # (B, W, L)
+        mask = batch["word_mask"].bool()                                        # (B, W)
         if self.use_crf:
-            # the CRF runs over words: the emission of a word is that of its first piece
-            starts = batch["word_starts"]                                       # (B, W)
-            emissions = logits.gather(1, starts[..., None].expand(-1, -1, logits.size(-1)))  # (B, W, L)
-            mask = batch["word_mask"].bool()
-            # a sentence whose words all tokenize to nothing has no word for the CRF to run over
-            rows = mask[:, 0].nonzero().flatten().tolist() if mask.size(1) else []
-            paths = [[] for _ in range(len(mask))]
             loss = None
-            if rows:
-                emissions, mask, word_labels = emissions[rows], mask[rows], batch["word_labels"][rows]
-                loss = model.head.crf(emissions, word_labels, mask) if has_targets else None
-                for r, path in zip(rows, model.head.crf.decode(emissions, mask)):
-                    paths[r] = path
-            return loss, paths
+            if has_targets and mask.size(1) and mask[:, 0].any():
+                rows = mask[:, 0]  # a sentence whose words all tokenize to nothing has no word to score
+                loss = model.head.crf(emissions[rows], batch["word_labels"][rows], mask[rows])
+            return loss, _viterbi(model.head.crf, emissions, mask)
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100) if has_targets else None
-        words = logits.argmax(-1).gather(1, batch["word_starts"])               # (B, W)
-        return loss, [row[:int(n)] for row, n in zip(words.tolist(), batch["word_mask"].sum(1).tolist())]
+        if self.info.get("decode", "argmax") == "bio":
+            if getattr(self, "_bio", None) is None:  # constraints only: no learned transitions
+                self._bio = CRF(logits.size(-1), bio_constraints(self.info["labels"]))
+            return loss, _viterbi(self._bio.to(logits.device), emissions.log_softmax(-1), mask)
+        words = emissions.argmax(-1)                                            # (B, W)
+        return loss, [row[:int(n)] for row, n in zip(words.tolist(), mask.sum(1).tolist())]
 
     def decode(self, outputs, feats, examples):
         rows = [r for out in outputs for r in out]
@@ -167,7 +179,19 @@ class NerTask(Task):
         return {"words": example["words"], "tags": prediction}
 
 
+def _viterbi(crf: CRF, emissions, mask) -> list[list[int]]:
+    """The CRF's best path per sentence (emissions (B, W, L), mask (B, W)); [] for a sentence
+    with no word to run over."""
+    paths = [[] for _ in range(len(mask))]
+    rows = mask[:, 0].nonzero().flatten().tolist() if mask.size(1) else []
+    if rows:
+        for r, path in zip(rows, crf.decode(emissions[rows], mask[rows])):
+            paths[r] = path
+    return paths
+
+
 class TagTask(NerTask):
     name = "tag"
+    options = {"dropout": probability}  # the CRF decodes within BIO always
     use_crf = True
     hf_architecture = "BertModel"  # transformers has no CRF head
