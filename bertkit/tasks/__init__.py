@@ -20,7 +20,7 @@ TASKS = {
 # checks them against the tasks' own declarations)
 OPTION_KEYS = {
     "classify": "head, dropout, pooling",
-    "ner": "dropout",
+    "ner": "dropout, decode",
     "tag": "dropout",
     "qa": "doc_stride, max_query_len, n_best, max_answer_len, null_score_diff, version_2",
     "summarize": "k, max_words, dropout",
@@ -33,7 +33,7 @@ OPTION_KEYS = {
 # Options: a task option's default when the user gives none (written into bertkit.json).
 DEFAULTS = {
     "classify": dict(epochs=3, batch_size=32, lr=5e-5, max_len=128, options={}),  # pooling: see ClassifyTask.fit
-    "ner": dict(epochs=3, batch_size=16, lr=1e-4, max_len=128, options={}),
+    "ner": dict(epochs=3, batch_size=16, lr=1e-4, max_len=128, options={}),  # decode: see NerTask.fit
     "tag": dict(epochs=3, batch_size=16, lr=5e-5, max_len=128, options={}),
     "qa": dict(epochs=2, batch_size=16, lr=1e-4, max_len=256, options={}),
     "summarize": dict(epochs=3, batch_size=4, lr=1e-4, max_len=512, options={}),  # lr: the study (ROUGE-2)
