@@ -5,9 +5,14 @@ All get the same configuration (the tiny preset: 2 layers, hidden 128, 2 heads, 
 --preset), the same batches (batch 512, max length 64, from the built-in Wikipedia sample,
 MLM + NSP, dropout 0.1 as the textbook trains); bertkit and transformers also share their
 initial weights. Steps alternate between the implementations so that all see the same machine
-noise; each figure is the median step with its min and max. bertkit is timed three times: with the
-textbook's dropout 0.1 (the like-for-like figure), with its default recipe's dropout 0, and with
-dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks).
+noise; each figure is the median step with its min and max. bertkit is timed four times: with the
+textbook's dropout 0.1 (the like-for-like figure), with its default recipe's dropout 0, with
+dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks), and with glibc's
+default malloc settings (as before bertkit's training runtime kept freed memory for reuse,
+bertkit/training/memory.py). The peers run with glibc's defaults, as their users run them, and
+d2l once more with bertkit's malloc setting, which shows how much of the lead is the allocator.
+Switching to the defaults hands the free memory back to the kernel, so a bertkit step after a
+peer's faults its memory in again: the alternation understates what a run of bertkit alone gets.
 It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
 took, as a share of this machine's measured fp32 matmul peak.
 
@@ -39,6 +44,7 @@ from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
+from bertkit.training.memory import keep_freed_memory
 
 
 def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
@@ -180,24 +186,37 @@ def main():
                              cfg.num_hidden_layers, cfg.hidden_dropout_prob, max_len=512)
     ours_torchs_dropout = BertForPreTraining(cfg)
     ours_torchs_dropout.load_state_dict(ours.state_dict())
-    runs = {"bertkit": (bertkit_step, ours), "bertkit, dropout 0 (its recipe)": (bertkit_step, ours_no_dropout),
-            "bertkit with torch's dropout (before)": (bertkit_step_torchs_dropout, ours_torchs_dropout),
-            "d2l BERTModel (textbook)": (d2l_step, textbook), "transformers": (hf_step, theirs)}
+    ours_default_malloc = BertForPreTraining(cfg)
+    ours_default_malloc.load_state_dict(ours.state_dict())
+    textbook_kept = d2l.BERTModel(tok.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                                  cfg.num_hidden_layers, cfg.hidden_dropout_prob, max_len=512)
+    textbook_kept.load_state_dict(textbook.state_dict())
+    # name: (step, model, whether freed memory is kept for reuse as bertkit's training runtime sets it)
+    runs = {"bertkit": (bertkit_step, ours, True),
+            "bertkit, dropout 0 (its recipe)": (bertkit_step, ours_no_dropout, True),
+            "bertkit with torch's dropout (before)": (bertkit_step_torchs_dropout, ours_torchs_dropout, True),
+            "bertkit with glibc's default malloc (before)": (bertkit_step, ours_default_malloc, False),
+            "d2l BERTModel (textbook)": (d2l_step, textbook, False),
+            "d2l BERTModel with bertkit's malloc setting": (d2l_step, textbook_kept, True),
+            "transformers": (hf_step, theirs, False)}
     opts = {}
-    for name, (step, model) in runs.items():
+    for name, (step, model, _) in runs.items():
         model.train()
         # each side's own training step: bertkit's AdamW (fused, no decay on biases and LayerNorm),
         # torch's default AdamW for the peers, as their users write it
         opts[name] = adamw(model, 1e-4, 0.01) if name.startswith("bertkit") else torch.optim.AdamW(model.parameters(), lr=1e-4)
-    flops = {name: count_flops(step, model, opts[name], batches[0]) for name, (step, model) in runs.items()}
-    for name, (step, model) in runs.items():
+    flops = {name: count_flops(step, model, opts[name], batches[0]) for name, (step, model, _) in runs.items()}
+    for name, (step, model, keep) in runs.items():
+        keep_freed_memory(keep)
         step(model, opts[name], batches[1])  # warm-up
     times = {name: [] for name in runs}
     for b in batches[2:]:
-        for name, (step, model) in runs.items():
+        for name, (step, model, keep) in runs.items():
+            keep_freed_memory(keep)
             t = time.perf_counter()
             step(model, opts[name], b)
             times[name].append(time.perf_counter() - t)
+    keep_freed_memory(False)
     peak = matmul_peak()
 
     rows = {}
@@ -214,7 +233,8 @@ def main():
               "matmul_peak_gflop_s": peak, "steps": args.steps, "results": rows,
               "speedup_vs_transformers": speed("bertkit", "transformers"),
               "speedup_vs_d2l": speed("bertkit", "d2l BERTModel (textbook)"),
-              "speedup_vs_d2l_with_recipe_dropout": speed("bertkit, dropout 0 (its recipe)", "d2l BERTModel (textbook)")}
+              "speedup_vs_d2l_with_recipe_dropout": speed("bertkit, dropout 0 (its recipe)", "d2l BERTModel (textbook)"),
+              "speedup_vs_d2l_with_the_same_malloc": speed("bertkit", "d2l BERTModel with bertkit's malloc setting")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if (args.preset, args.max_len) == ("tiny", 64) else f"_{args.preset}_{args.max_len}"
@@ -225,7 +245,8 @@ def main():
         print(f"| {name} | {r['pairs_per_s']:.0f} | {r['step_s']:.3f} ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}) | "
               f"{r['gflop_per_step']:.1f} | {r['achieved_gflop_s']:.1f} | {r['share_of_matmul_peak']:.0%} |")
     print(f"bertkit / transformers {result['speedup_vs_transformers']:.2f}x; bertkit / d2l {result['speedup_vs_d2l']:.2f}x "
-          f"(same dropout), {result['speedup_vs_d2l_with_recipe_dropout']:.2f}x with bertkit's recipe dropout 0")
+          f"(same dropout), {result['speedup_vs_d2l_with_recipe_dropout']:.2f}x with bertkit's recipe dropout 0, "
+          f"{result['speedup_vs_d2l_with_the_same_malloc']:.2f}x against d2l with bertkit's malloc setting")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
+from bertkit.training.memory import keep_freed_memory
 
 # aten operators grouped by what they do in a BERT step
 GROUPS = [("matmul (linear layers, vocabulary projection)", ("aten::mm", "aten::addmm", "aten::bmm")),
@@ -54,6 +55,7 @@ def main():
     data = PretrainingBatches(train, tok, 64, 512, MaskingConfig(max_predictions=10), seed=0)
     it = data.iterate()
     batches = [next(it)[1] for _ in range(6)]
+    keep_freed_memory()  # as bertkit's training runtime runs a step (bertkit/training/memory.py)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
     for dropout in (0.1, 0.0):
         cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size, hidden_dropout_prob=dropout,

@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BertkitError
+from .memory import keep_freed_memory
 
 _LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
 
@@ -114,6 +115,8 @@ def init_processes() -> Processes:
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)  # before any collective: nccl binds each rank to its device
+    if device.type == "cpu":
+        keep_freed_memory()  # a step's freed activations serve the next step (memory.py)
     if world == 1:
         return Processes(0, 1, device)
     if not dist.is_initialized():
