@@ -128,7 +128,9 @@ CASES = [
     ("finetune-qa-stride-text", "finetune qa --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
      "--out {tmp}/new --option doc_stride=wide", "--option doc_stride='wide': expected an integer"),
     ("finetune-ner-pooling", "finetune ner --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
-     "--out {tmp}/new --option pooling=cls", "not an option of the ner task; valid keys: dropout"),
+     "--out {tmp}/new --option pooling=cls", "not an option of the ner task; valid keys: decode, dropout"),
+    ("finetune-ner-decode", "finetune ner --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --option decode=viterbi", "--option decode='viterbi': expected one of bio, argmax"),
     ("finetune-head-for-ner", "finetune ner --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
      "--out {tmp}/new --head mlp", "--head is an option of the classify task, not of ner"),
     # 5. an output that cannot be written fails before the work
