@@ -21,17 +21,18 @@ from .config import BertConfig
 # ---- dropout -------------------------------------------------------------------------------
 # torch's dropout on a CPU draws its mask one element at a time (about 10 ns each): with dropout
 # 0.1 the masks took a fifth of a tiny-BERT pretraining step. Here the mask comes from numpy's
-# SFC64 generator, 32 random bits per element in bulk, seeded from torch's generator so that
+# SFC64 generator, 16 random bits per element in bulk, seeded from torch's generator so that
 # torch.manual_seed and a checkpoint's RNG state still decide every mask. On other devices
 # torch's own (fused) dropout runs.
 
 def keep_mask(shape, p: float) -> torch.Tensor:
-    """A bool tensor of `shape`, each element True with probability 1 - p (to within 2^-32)."""
+    """A bool tensor of `shape`, each element True with probability 1 - p (to within 2^-17:
+    16 bits per element, twice as fast as 32 for a 4 M-element mask, 4.1 against 9.6 ms)."""
     with torch.profiler.record_function("bertkit::keep_mask"):  # named in profiles
         n = math.prod(shape)
         seed = int(torch.randint(0, 2**62, ()))  # from torch's default generator
-        bits = np.random.Generator(np.random.SFC64(seed)).bit_generator.random_raw((n + 1) // 2).view(np.int32)
-        return torch.from_numpy(bits[:n]).view(shape) >= round(p * 2**32) - 2**31
+        bits = np.random.Generator(np.random.SFC64(seed)).bit_generator.random_raw((n + 3) // 4).view(np.int16)
+        return torch.from_numpy(bits[:n]).view(shape) >= round(p * 2**16) - 2**15
 
 
 class _MaskedScale(torch.autograd.Function):

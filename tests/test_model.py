@@ -161,6 +161,8 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
     torch.manual_seed(0)
     assert torch.equal(model.keep_mask((1000, 1000), 0.1), first)
     assert model.keep_mask((7, 3), 0.0).all() and model.keep_mask((5, 9, 2), 0.5).shape == (5, 9, 2)
+    for p in (0.01, 0.5, 0.9):  # 16 bits per element: the rate to within 2^-17, sizes not a multiple of 4
+        assert abs(model.keep_mask((999, 1001), p).float().mean().item() - (1 - p)) < 0.002
     masks = []
     real = model.keep_mask
     monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
