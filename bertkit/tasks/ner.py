@@ -58,19 +58,19 @@ class NerTask(Task):
     def fit(self, train, options):
         super().fit(train, options)
         labels = sorted({t for ex in train for t in ex["tags"]}, key=lambda t: (t != "O", t[2:], t[:2]))
+        not_bio = None  # why the labels are not BIO (a label that is not O / B-X / I-X), if so
         try:
-            bio_constraints(labels)  # fails early, naming a label that is not O / B-X / I-X
-            bio = None
+            bio_constraints(labels)
         except ValueError as e:
-            bio = e
-        if bio and self.use_crf:
-            raise BertkitError(f"the CRF's transition constraints need BIO tags: {bio}") from None
+            not_bio = e
+        if not_bio and self.use_crf:
+            raise BertkitError(f"the CRF's transition constraints need BIO tags: {not_bio}") from None
         if not self.use_crf:
-            if self.info.get("decode") == "bio" and bio:
-                raise BertkitError(f"--option decode=bio needs BIO tags: {bio}") from None
+            if self.info.get("decode") == "bio" and not_bio:
+                raise BertkitError(f"--option decode=bio needs BIO tags: {not_bio}") from None
             # the study (benchmarks/finetune_study.py) measured BIO decoding on wnut16; folders
             # from before it have no "decode" key and keep the argmax they were trained with
-            self.info.setdefault("decode", "argmax" if bio else "bio")
+            self.info.setdefault("decode", "argmax" if not_bio else "bio")
         self.info["labels"] = labels
 
     def check(self, examples, source):

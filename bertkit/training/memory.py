@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
@@ -21,6 +22,7 @@ _DEFAULT_MMAP_MAX = 65536
 _STEADY_MMAP_THRESHOLD = 32 << 20
 
 
+@functools.cache  # find_library runs `ldconfig -p` in a subprocess: once per process is enough
 def _libc():
     if not sys.platform.startswith("linux"):
         return None
