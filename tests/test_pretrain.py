@@ -587,3 +587,25 @@ def test_preparation_reads_a_small_corpus_once_and_a_large_one_twice(tmp_path, m
     docs = train_module._Documents(cfg)
     first, second = list(docs), list(docs)
     assert first == second and len(reads) == 3 and docs.kept == []
+
+
+def test_closing_the_batch_prefetcher_waits_for_its_thread():
+    # a filler thread left running inside torch while the interpreter exits can abort the process,
+    # so close() returns only once the thread is gone: with its queue full, and after an error
+    import itertools
+    import time
+    from bertkit.pretraining.train import _Prefetch
+    full = _Prefetch(itertools.count())  # endless: the queue fills and the filler waits
+    time.sleep(0.3)
+    full.close()
+    assert not full.thread.is_alive()
+
+    def failing():
+        yield 1
+        raise ValueError("bad shard")
+    broken = _Prefetch(failing())
+    assert next(broken) == 1
+    with pytest.raises(ValueError, match="bad shard"):
+        next(broken)
+    broken.close()
+    assert not broken.thread.is_alive()

@@ -435,16 +435,20 @@ class _Prefetch:
     def _fill(self, iterator):
         try:
             for item in iterator:
-                while not self.done.is_set():
-                    try:
-                        self.queue.put((item, None), timeout=0.1)
-                        break
-                    except queue.Full:
-                        pass
-                if self.done.is_set():
+                if not self._put((item, None)):
                     return
         except BaseException as e:  # re-raised in the training thread
-            self.queue.put((None, e))
+            self._put((None, e))
+
+    def _put(self, entry) -> bool:
+        """Queue an entry unless closed first; a full queue is rechecked every 0.1 s."""
+        while not self.done.is_set():
+            try:
+                self.queue.put(entry, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
 
     def __next__(self):
         item, error = self.queue.get()
@@ -453,7 +457,10 @@ class _Prefetch:
         return item
 
     def close(self):
+        # and wait for the thread: one still building a batch in torch while the interpreter
+        # exits can abort the process ("terminate called without an active exception")
         self.done.set()
+        self.thread.join(timeout=60)
 
 
 def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
