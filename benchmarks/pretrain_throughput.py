@@ -14,7 +14,9 @@ d2l once more with bertkit's malloc setting, which shows how much of the lead is
 Switching to the defaults hands the free memory back to the kernel, so a bertkit step after a
 peer's faults its memory in again: the alternation understates what a run of bertkit alone gets.
 It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
-took, as a share of this machine's measured fp32 matmul peak.
+took, as a share of this machine's measured fp32 matmul peak. On a CPU with AMX tiles, where
+bertkit trains in bf16 autocast by default, bertkit, d2l and transformers also run with their
+forward passes under bf16 autocast, and those rows' MFU is given against the bf16 matmul peak too.
 
     .venv/bin/python benchmarks/pretrain_throughput.py [--steps 10] [--preset mini --max-len 128]
 
@@ -30,6 +32,7 @@ import platform
 import statistics
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -44,12 +47,13 @@ from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
+from bertkit.training.distributed import amx_bf16
 from bertkit.training.memory import keep_freed_memory
 
 
-def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
-    """Best fp32 GFLOP/s of an n x n matmul on this machine, now."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
+def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32) -> float:
+    """Best GFLOP/s of an n x n matmul in dtype on this machine, now."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     a @ b
     best = float("inf")
     for _ in range(repeats):
@@ -59,9 +63,15 @@ def matmul_peak(n: int = 2048, repeats: int = 10) -> float:
     return 2 * n ** 3 / best / 1e9
 
 
-def bertkit_step(model, opt, batch):
-    out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                mlm_positions=batch["mlm_positions"], mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"])
+def forward_in(bf16: bool):
+    """The forward pass under bf16 autocast (as bertkit's training steps run on an AMX CPU), or fp32."""
+    return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
+
+
+def bertkit_step(model, opt, batch, bf16=False):
+    with forward_in(bf16):
+        out = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"], mlm_positions=batch["mlm_positions"],
+                    mlm_labels=batch["mlm_labels"], nsp_labels=batch["nsp_labels"])
     out.loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -92,14 +102,15 @@ def bertkit_step_torchs_dropout(model, opt, batch):
         return bertkit_step(model, opt, batch)
 
 
-def hf_step(model, opt, batch):
+def hf_step(model, opt, batch, bf16=False):
     # HF takes MLM labels per position (-100 elsewhere) and projects every position
     labels = torch.full_like(batch["input_ids"], -100)
     valid = batch["mlm_labels"] != -100
     rows = torch.arange(labels.size(0))[:, None].expand_as(valid)
     labels[rows[valid], batch["mlm_positions"][valid]] = batch["mlm_labels"][valid]
-    out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
-                attention_mask=batch["attention_mask"], labels=labels, next_sentence_label=batch["nsp_labels"])
+    with forward_in(bf16):
+        out = model(input_ids=batch["input_ids"], token_type_ids=batch["token_type_ids"],
+                    attention_mask=batch["attention_mask"], labels=labels, next_sentence_label=batch["nsp_labels"])
     out.loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
@@ -130,13 +141,15 @@ def import_d2l():
     return d2l
 
 
-def d2l_step(model, opt, batch):
+def d2l_step(model, opt, batch, bf16=False):
     # the textbook's loss: cross-entropy at the predicted positions (weights 0 for unused slots) + NSP
     valid_lens = batch["attention_mask"].sum(1)
     positions = batch["mlm_positions"]
     labels = batch["mlm_labels"]
     weights = (labels != -100).float()
-    _, mlm_hat, nsp_hat = model(batch["input_ids"], batch["token_type_ids"], valid_lens, positions)
+    with forward_in(bf16):
+        _, mlm_hat, nsp_hat = model(batch["input_ids"], batch["token_type_ids"], valid_lens, positions)
+    mlm_hat, nsp_hat = mlm_hat.float(), nsp_hat.float()
     loss_fn = torch.nn.CrossEntropyLoss(reduction="none")
     mlm_l = loss_fn(mlm_hat.reshape(-1, mlm_hat.size(-1)), labels.clamp(min=0).reshape(-1)) * weights.reshape(-1)
     loss = mlm_l.sum() / (weights.sum() + 1e-8) + loss_fn(nsp_hat, batch["nsp_labels"]).mean()
@@ -199,6 +212,21 @@ def main():
             "d2l BERTModel (textbook)": (d2l_step, textbook, False),
             "d2l BERTModel with bertkit's malloc setting": (d2l_step, textbook_kept, True),
             "transformers": (hf_step, theirs, False)}
+    if amx_bf16():
+        # bf16 autocast, as bertkit's training runs on a CPU with AMX tiles, and the peers given the same
+        ours_bf16, ours_bf16_no_dropout = BertForPreTraining(cfg), BertForPreTraining(cfg)
+        for model in (ours_bf16, ours_bf16_no_dropout):
+            model.load_state_dict(ours.state_dict())
+        set_dropout(ours_bf16_no_dropout, 0.0)
+        textbook_bf16 = d2l.BERTModel(tok.vocab_size, cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                                      cfg.num_hidden_layers, cfg.hidden_dropout_prob, max_len=512)
+        textbook_bf16.load_state_dict(textbook.state_dict())
+        theirs_bf16 = HFPreTraining.from_pretrained(str(work / "init"), attn_implementation="sdpa")
+        runs |= {"bertkit, bf16 autocast": (partial(bertkit_step, bf16=True), ours_bf16, True),
+                 "bertkit, bf16 autocast, dropout 0 (its recipe)": (partial(bertkit_step, bf16=True),
+                                                                    ours_bf16_no_dropout, True),
+                 "d2l BERTModel, bf16 autocast": (partial(d2l_step, bf16=True), textbook_bf16, False),
+                 "transformers, bf16 autocast": (partial(hf_step, bf16=True), theirs_bf16, False)}
     opts = {}
     for name, (step, model, _) in runs.items():
         model.train()
@@ -218,6 +246,7 @@ def main():
             times[name].append(time.perf_counter() - t)
     keep_freed_memory(False)
     peak = matmul_peak()
+    bf16_peak = matmul_peak(dtype=torch.bfloat16) if amx_bf16() else None
 
     rows = {}
     for name in times:
@@ -226,15 +255,22 @@ def main():
                       "step_s_max": max(times[name]), "gflop_per_step": flops[name] / 1e9,
                       "achieved_gflop_s": flops[name] / med / 1e9,
                       "share_of_matmul_peak": flops[name] / med / 1e9 / peak}
+        if "bf16" in name:
+            rows[name]["share_of_bf16_matmul_peak"] = flops[name] / med / 1e9 / bf16_peak
     speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
     result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
-                          f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU",
+                          f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU (bf16 autocast where a row says so)",
               "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
-              "matmul_peak_gflop_s": peak, "steps": args.steps, "results": rows,
+              "matmul_peak_gflop_s": peak, "bf16_matmul_peak_gflop_s": bf16_peak, "steps": args.steps, "results": rows,
               "speedup_vs_transformers": speed("bertkit", "transformers"),
               "speedup_vs_d2l": speed("bertkit", "d2l BERTModel (textbook)"),
               "speedup_vs_d2l_with_recipe_dropout": speed("bertkit, dropout 0 (its recipe)", "d2l BERTModel (textbook)"),
               "speedup_vs_d2l_with_the_same_malloc": speed("bertkit", "d2l BERTModel with bertkit's malloc setting")}
+    if bf16_peak:
+        result |= {"bf16_speedup_vs_d2l_fp32": speed("bertkit, bf16 autocast", "d2l BERTModel (textbook)"),
+                   "bf16_speedup_vs_d2l_bf16": speed("bertkit, bf16 autocast", "d2l BERTModel, bf16 autocast"),
+                   "bf16_speedup_vs_transformers_fp32": speed("bertkit, bf16 autocast", "transformers"),
+                   "bf16_speedup_vs_transformers_bf16": speed("bertkit, bf16 autocast", "transformers, bf16 autocast")}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     suffix = "" if (args.preset, args.max_len) == ("tiny", 64) else f"_{args.preset}_{args.max_len}"
@@ -247,6 +283,12 @@ def main():
     print(f"bertkit / transformers {result['speedup_vs_transformers']:.2f}x; bertkit / d2l {result['speedup_vs_d2l']:.2f}x "
           f"(same dropout), {result['speedup_vs_d2l_with_recipe_dropout']:.2f}x with bertkit's recipe dropout 0, "
           f"{result['speedup_vs_d2l_with_the_same_malloc']:.2f}x against d2l with bertkit's malloc setting")
+    if bf16_peak:
+        print(f"bf16 autocast (bf16 matmul peak {bf16_peak:.0f} GFLOP/s): bertkit / d2l {result['bf16_speedup_vs_d2l_fp32']:.2f}x "
+              f"(d2l in fp32), {result['bf16_speedup_vs_d2l_bf16']:.2f}x (both bf16); bertkit / transformers "
+              f"{result['bf16_speedup_vs_transformers_fp32']:.2f}x (fp32), {result['bf16_speedup_vs_transformers_bf16']:.2f}x "
+              "(both bf16); MFU of the bf16 peak: " + ", ".join(f"{n} {r['share_of_bf16_matmul_peak']:.0%}"
+                                                           for n, r in rows.items() if "bf16" in n))
 
 
 if __name__ == "__main__":

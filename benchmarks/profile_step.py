@@ -1,8 +1,9 @@
 """Where the time of one pretraining step goes: torch.profiler over bertkit's step on the textbook
-workload (tiny, batch 512, length 64, MLM + NSP, AdamW, fp32 CPU), with the textbook's dropout
-0.1 and with the default recipe's dropout 0. Prints Markdown tables for benchmarks/README.md.
+workload (tiny, batch 512, length 64, MLM + NSP, AdamW, CPU, fp32 or with the forward pass under
+bf16 autocast as bertkit trains on an AMX CPU), with the textbook's dropout 0.1 and with the
+default recipe's dropout 0. Prints Markdown tables for benchmarks/README.md.
 
-    .venv/bin/python benchmarks/profile_step.py [--vocab-size 8192]
+    .venv/bin/python benchmarks/profile_step.py [--vocab-size 8192] [--precision bf16]
 """
 from __future__ import annotations
 
@@ -33,7 +34,8 @@ GROUPS = [("matmul (linear layers, vocabulary projection)", ("aten::mm", "aten::
           ("LayerNorm", ("aten::native_layer_norm",)),
           ("embeddings", ("aten::embedding", "aten::index_select")),
           ("copies, fills, sums and casts", ("aten::copy_", "aten::fill_", "aten::sum", "aten::cat", "aten::mul",
-                                             "aten::add", "aten::zero_", "aten::div", "aten::where")),
+                                             "aten::add", "aten::zero_", "aten::div", "aten::where",
+                                             "aten::_to_copy")),
           ("optimizer (AdamW)", ("aten::_foreach", "aten::addcdiv", "aten::lerp", "aten::sqrt"))]
 
 
@@ -47,6 +49,7 @@ def group_of(name: str) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--vocab-size", type=int, default=8192)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     ap.add_argument("--top", type=int, default=0, help="also print the N operators with the most self time")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bertkit-profile-"))
@@ -56,7 +59,7 @@ def main():
     it = data.iterate()
     batches = [next(it)[1] for _ in range(6)]
     keep_freed_memory()  # as bertkit's training runtime runs a step (bertkit/training/memory.py)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.precision}")
     for dropout in (0.1, 0.0):
         cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size, hidden_dropout_prob=dropout,
                                 attention_probs_dropout_prob=dropout)
@@ -67,8 +70,9 @@ def main():
         opt = adamw(model, 1e-4, 0.01)
 
         def step(b):
-            out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_positions=b["mlm_positions"],
-                        mlm_labels=b["mlm_labels"], nsp_labels=b["nsp_labels"])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+                out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_positions=b["mlm_positions"],
+                            mlm_labels=b["mlm_labels"], nsp_labels=b["nsp_labels"])
             out.loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)

@@ -69,7 +69,7 @@ def cmd_pretrain(args) -> None:
         "corpus", "model", "vocab", "out", "recipe", "budget", "steps", "batch_size", "grad_accum", "max_len",
         "short_len", "short_share", "lr",
         "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
-        "eval_every", "eval_pairs", "save_every", "log_every", "seed")}
+        "eval_every", "eval_pairs", "save_every", "log_every", "seed", "precision")}
     for flag in ("resume", "whole_word", "tensorboard", "doc_per_file", "compile"):
         if getattr(args, flag):
             overrides[flag] = True
@@ -289,6 +289,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
     pt.add_argument("--compile", action="store_true",
                     help="torch.compile the model (pays on a GPU; falls back to eager if it cannot compile)")
+    pt.add_argument("--precision", choices=["auto", "fp32", "bf16"],
+                    help="the training steps' precision (default auto: bf16 autocast on a GPU and on a CPU with AMX, "
+                         "else fp32; weights and optimizer state stay fp32)")
     pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples at the end")
     pt.set_defaults(func=cmd_pretrain)
 

@@ -261,7 +261,6 @@ def test_training_precision_auto_is_bf16_on_a_gpu_and_on_an_amx_cpu(monkeypatch)
     for amx, want in ((True, "bf16"), (False, "fp32")):
         monkeypatch.setattr(distributed, "amx_bf16", lambda: amx)
         assert distributed.training_precision(cpu) == want
-        assert distributed.training_precision(cpu, cpu_bf16=False) == "fp32"  # pretraining's tiny preset
         assert distributed.training_precision(cpu, "fp32") == "fp32"
         assert distributed.training_precision(cpu, "bf16") == "bf16"
     with pytest.raises(BertkitError, match="unknown precision 'fp16'"):

@@ -215,3 +215,33 @@ def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, p
     assert torch.allclose(ours, plain(keep, 0.2), atol=1e-6)
     g_ours, g_plain = (torch.autograd.grad(out.square().sum(), qkv)[0] for out in (ours, plain(keep, 0.2)))
     assert torch.allclose(g_ours, g_plain, atol=1e-5)
+
+
+def test_bf16_training_attention_without_dropout_is_spelled_out_and_equals_sdpa(monkeypatch):
+    # SDPA's CPU backward in bf16 is slow, so bf16 training takes the spelled-out path even at
+    # dropout 0; values and gradients match fp32 SDPA to bf16's precision, and bf16 inference
+    # (no gradient) still runs SDPA
+    from bertkit import model
+    g = torch.Generator().manual_seed(5)
+    B, T, nh, hs = 3, 9, 2, 16
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=g)
+    mask = torch.tensor([[1] * 9, [1] * 6 + [0] * 3, [1] * 2 + [0] * 7]).bool()[:, None, None, :]
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(a[0].dtype) or sdpa(*a, **k))
+    ref_in = qkv.clone().requires_grad_()
+    ref = model.attention(ref_in, nh, mask, 0.0)
+    assert calls == [torch.float32]
+    ours_in = qkv.to(torch.bfloat16).requires_grad_()
+    ours = model.attention(ours_in, nh, mask, 0.0)
+    assert calls == [torch.float32] and ours.dtype == torch.bfloat16
+    assert torch.allclose(ours.float(), ref, atol=3e-2, rtol=2e-2)
+    w = torch.randn(ref.shape, generator=g)
+    (ref * w).sum().backward()
+    (ours.float() * w).sum().backward()
+    assert torch.allclose(ours_in.grad.float(), ref_in.grad, atol=5e-2, rtol=5e-2)
+    with torch.no_grad():
+        inference = model.attention(qkv.to(torch.bfloat16), nh, mask, 0.0)
+    assert calls == [torch.float32, torch.bfloat16]
+    assert torch.allclose(inference.float(), ref.detach(), atol=3e-2, rtol=2e-2)

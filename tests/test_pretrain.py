@@ -184,6 +184,22 @@ def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vo
 
 
 # ---- the loss is per predicted token, whatever the split into micro-batches and ranks ----
+@pytest.mark.parametrize("amx, precision, steps_in_bf16", [(True, "auto", True), (False, "auto", False),
+                                                          (True, "fp32", False), (False, "bf16", True)])
+def test_the_steps_run_in_bf16_autocast_on_an_amx_cpu_and_evaluation_in_fp32(
+        tmp_path, wiki_excerpt, vocab, monkeypatch, amx, precision, steps_in_bf16):
+    from bertkit.model import BertForPreTraining
+    from bertkit.training import distributed
+    monkeypatch.setattr(distributed, "amx_bf16", lambda: amx)
+    seen = []  # (training, autocast on) per forward pass
+    forward = BertForPreTraining.forward
+    monkeypatch.setattr(BertForPreTraining, "forward", lambda self, *a, **k: seen.append(
+        (self.training, torch.is_autocast_enabled("cpu"))) or forward(self, *a, **k))
+    pretrain(_cfg(wiki_excerpt, tmp_path / "run", vocab=str(vocab), steps=2, eval_every=2, precision=precision))
+    assert {autocast for training, autocast in seen if training} == {steps_in_bf16}
+    assert {autocast for training, autocast in seen if not training} == {False}
+
+
 def _tiny_setup(wiki_excerpt, vocab, tmp_path):
     """A dropout-free tiny model and one real global batch of 16 pairs whose micro-batches hold
     different numbers of predictions."""
@@ -349,7 +365,7 @@ def test_recipes_fill_only_what_the_user_left_open(tmp_path, wiki_excerpt):
                        (dict(steps=5, budget="1m"), "not both"), (dict(lr=float("nan")), "lr must be"),
                        (dict(lr=-1.0), "lr must be"), (dict(recipe="magic"), "unknown recipe"),
                        (dict(steps="two"), "option steps: expected int"), (dict(max_len=100000), "over BERT's 512"),
-                       (dict(dropout=1.0), "dropout must be")):
+                       (dict(dropout=1.0), "dropout must be"), (dict(precision="fp16"), "precision must be")):
         with pytest.raises(BertkitError, match=match):
             PretrainConfig(out=str(tmp_path / "x"), **bad)
 

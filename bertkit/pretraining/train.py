@@ -31,7 +31,7 @@ from ..optim import adamw
 from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
 from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
-from ..training.distributed import Processes, init_processes, training_precision
+from ..training.distributed import TRAINING_PRECISIONS, Processes, init_processes, training_precision
 from ..training.log import MetricsLog, plot_losses, write_json
 from ..training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
 from .batches import Position, PretrainingBatches
@@ -93,13 +93,16 @@ class PretrainConfig:
     resume: bool = False
     tensorboard: bool = False
     compile: bool = False            # torch.compile the model (pays on GPUs; measured no gain on a 2-core CPU)
+    # the steps' precision: "auto" is bf16 autocast on a GPU and on a CPU with AMX (the default
+    # recipe's step there: 52 against 82 ms in fp32), else fp32; weights and optimizer stay fp32
+    precision: str = "auto"
     shard_tokens: int = 10_000_000   # tokens per memory-mapped shard
     progress: bool = True
 
     # what must not change between a run and its resumption
     EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "short_len", "short_share", "lr",
              "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions", "whole_word", "short_seq_prob",
-             "nsp_weight", "seed", "holdout_every", "eval_pairs")
+             "nsp_weight", "seed", "holdout_every", "eval_pairs", "precision")
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides) -> "PretrainConfig":
@@ -164,6 +167,8 @@ class PretrainConfig:
             raise BertkitError(f"batch size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
         if not 0 < self.mask_prob < 1:
             raise BertkitError(f"mask_prob must be between 0 and 1, got {self.mask_prob}")
+        if self.precision not in TRAINING_PRECISIONS:
+            raise BertkitError(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.max_len < 5:
             raise BertkitError(f"max length {self.max_len} is too small for [CLS] A [SEP] B [SEP] "
                                "(needs at least 5 tokens: 3 special tokens and one of each text)")
@@ -534,9 +539,12 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     model.to(device)
     if rank:
         torch.manual_seed(cfg.seed + rank)  # other dropout masks on each rank
-    # bf16 on a GPU; on a CPU fp32 even with AMX: the tiny preset's matmuls are too small to gain
-    # (one step of the default recipe: 150 ms fp32, 145 ms bf16 autocast on an AMX CPU)
-    autocast = procs.autocast(training_precision(device, "auto", cpu_bf16=False))
+    precision = training_precision(device, cfg.precision)
+    # held-out figures in fp32, as the saved model runs anywhere (bf16 read 0.1 points higher)
+    autocast, fp32 = procs.autocast(precision), procs.autocast("fp32")
+    if cfg.precision == "auto":
+        log(f"training steps in {'bf16 autocast' if precision == 'bf16' else 'fp32'} on {device.type}"
+            + (" (AMX)" if precision == "bf16" and device.type == "cpu" else "") + "; --precision to choose")
     opt = _optimizer(model, cfg)
     step, position, elapsed0, lr_scale = 0, Position(), 0.0, 1.0
     phase_of = lambda state: state.get("phase", 1)  # checkpoints from before phases: one phase
@@ -681,7 +689,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 window = {k: 0 for k in window}
             if main and eval_batches and (step % cfg.eval_every == 0 or last):
                 t_eval = time.perf_counter()
-                last_eval = {"step": step, **evaluate(model, eval_batches, device, autocast, tok.mask_id),
+                last_eval = {"step": step, **evaluate(model, eval_batches, device, fp32, tok.mask_id),
                              "elapsed_s": elapsed()}
                 metrics.write(last_eval)
                 eval_s = time.perf_counter() - t_eval

@@ -25,15 +25,14 @@ def amx_bf16() -> bool:
     return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
-def training_precision(device: torch.device, precision: str = "auto", cpu_bf16: bool = True) -> str:
-    """"fp32" or "bf16" for the training steps. "auto": bf16 autocast on a GPU, and on a CPU with
-    AMX where the caller's model gains from it (cpu_bf16), else fp32. Weights, optimizer state and
-    evaluation stay fp32 whatever this says."""
+def training_precision(device: torch.device, precision: str = "auto") -> str:
+    """"fp32" or "bf16" for the training steps. "auto": bf16 autocast on a GPU and on a CPU with
+    AMX, else fp32. Weights and optimizer state stay fp32 whatever this says."""
     if precision not in TRAINING_PRECISIONS:
         raise BertkitError(f"unknown precision {precision!r}; choose one of {', '.join(TRAINING_PRECISIONS)}")
     if precision != "auto":
         return precision
-    if device.type == "cuda" or (device.type == "cpu" and cpu_bf16 and amx_bf16()):
+    if device.type == "cuda" or (device.type == "cpu" and amx_bf16()):
         return "bf16"
     return "fp32"
 
