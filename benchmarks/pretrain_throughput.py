@@ -5,14 +5,16 @@ All get the same configuration (the tiny preset: 2 layers, hidden 128, 2 heads, 
 --preset), the same batches (batch 512, max length 64, from the built-in Wikipedia sample,
 MLM + NSP, dropout 0.1 as the textbook trains); bertkit and transformers also share their
 initial weights. Steps alternate between the implementations so that all see the same machine
-noise; each figure is the median step with its min and max. bertkit is timed four times: with the
+noise; each figure is the median step with its min and max. bertkit is timed four times in fp32: with the
 textbook's dropout 0.1 (the like-for-like figure), with its default recipe's dropout 0, with
 dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks), and with glibc's
 default malloc settings (as before bertkit's training runtime kept freed memory for reuse,
 bertkit/training/memory.py). The peers run with glibc's defaults, as their users run them, and
 d2l once more with bertkit's malloc setting, which shows how much of the lead is the allocator.
-Switching to the defaults hands the free memory back to the kernel, so a bertkit step after a
-peer's faults its memory in again: the alternation understates what a run of bertkit alone gets.
+Switching to the defaults hands the free memory back to the kernel, so the first bertkit step
+after a peer's faults its memory in again (the page faults of each step are recorded): the
+alternation understates what a run of bertkit alone gets, most for the first bertkit row of
+each round (bertkit's rows with its setting run one after another), the fp32 "bertkit" row.
 It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
 took, as a share of this machine's measured fp32 matmul peak. On a CPU with AMX tiles, where
 bertkit trains in bf16 autocast by default, bertkit, d2l and transformers also run with their
@@ -29,6 +31,7 @@ import argparse
 import contextlib
 import json
 import platform
+import resource
 import statistics
 import tempfile
 import time
@@ -173,6 +176,8 @@ def main():
     ap.add_argument("--vocab-size", type=int, default=8192)
     ap.add_argument("--preset", default="tiny")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--only", nargs="+", metavar="ROW", help="time only these rows (exact names; a quick check: "
+                                                            "nothing is written)")
     args = ap.parse_args()
     from transformers import BertForPreTraining as HFPreTraining
     d2l = import_d2l()
@@ -227,6 +232,11 @@ def main():
                                                                     ours_bf16_no_dropout, True),
                  "d2l BERTModel, bf16 autocast": (partial(d2l_step, bf16=True), textbook_bf16, False),
                  "transformers, bf16 autocast": (partial(hf_step, bf16=True), theirs_bf16, False)}
+    # bertkit's rows with its malloc setting one after another, then the rows with glibc's defaults:
+    # only the first bertkit row of a round follows a peer's trimmed heap
+    runs = {name: runs[name] for name in sorted(runs, key=lambda n: not (n.startswith("bertkit") and runs[n][2]))}
+    if args.only:
+        runs = {name: runs[name] for name in args.only}
     opts = {}
     for name, (step, model, _) in runs.items():
         model.train()
@@ -237,13 +247,14 @@ def main():
     for name, (step, model, keep) in runs.items():
         keep_freed_memory(keep)
         step(model, opts[name], batches[1])  # warm-up
-    times = {name: [] for name in runs}
+    times, faults = {name: [] for name in runs}, {name: [] for name in runs}
     for b in batches[2:]:
         for name, (step, model, keep) in runs.items():
             keep_freed_memory(keep)
-            t = time.perf_counter()
+            f, t = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
             step(model, opts[name], b)
             times[name].append(time.perf_counter() - t)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
     keep_freed_memory(False)
     peak = matmul_peak()
     bf16_peak = matmul_peak(dtype=torch.bfloat16) if amx_bf16() else None
@@ -252,11 +263,17 @@ def main():
     for name in times:
         med = statistics.median(times[name])
         rows[name] = {"pairs_per_s": args.batch_size / med, "step_s": med, "step_s_min": min(times[name]),
-                      "step_s_max": max(times[name]), "gflop_per_step": flops[name] / 1e9,
+                      "step_s_max": max(times[name]), "page_faults_per_step": statistics.median(faults[name]),
+                      "gflop_per_step": flops[name] / 1e9,
                       "achieved_gflop_s": flops[name] / med / 1e9,
                       "share_of_matmul_peak": flops[name] / med / 1e9 / peak}
         if "bf16" in name:
             rows[name]["share_of_bf16_matmul_peak"] = flops[name] / med / 1e9 / bf16_peak
+    if args.only:
+        for name, r in rows.items():
+            print(f"{name}: {r['step_s']:.3f} s/step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
+                  f"{r['page_faults_per_step']:.0f} page faults")
+        return
     speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
     result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
                           f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU (bf16 autocast where a row says so)",
