@@ -183,7 +183,6 @@ def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vo
     HF.from_pretrained(str(out))
 
 
-# ---- the loss is per predicted token, whatever the split into micro-batches and ranks ----
 @pytest.mark.parametrize("amx, precision, steps_in_bf16", [(True, "auto", True), (False, "auto", False),
                                                           (True, "fp32", False), (False, "bf16", True)])
 def test_the_steps_run_in_bf16_autocast_on_an_amx_cpu_and_evaluation_in_fp32(
@@ -200,6 +199,7 @@ def test_the_steps_run_in_bf16_autocast_on_an_amx_cpu_and_evaluation_in_fp32(
     assert {autocast for training, autocast in seen if not training} == {False}
 
 
+# ---- the loss is per predicted token, whatever the split into micro-batches and ranks ----
 def _tiny_setup(wiki_excerpt, vocab, tmp_path):
     """A dropout-free tiny model and one real global batch of 16 pairs whose micro-batches hold
     different numbers of predictions."""
