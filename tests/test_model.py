@@ -151,6 +151,27 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
     torch.testing.assert_close(out.mlm_loss * used.sum(), loss_p * 20.0, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_mlm_loss_is_exact_where_the_labels_probability_underflows(dtype):
+    """The fused loss reads -log p(label) off the softmax; a row whose label is ~100 nats below
+    the top has p = 0 there, and its loss comes from logsumexp instead (finite, exact)."""
+    import torch.nn.functional as F
+
+    from bertkit.model import LinearCrossEntropy
+    g = torch.Generator().manual_seed(1)
+    h = torch.randn(6, 8, generator=g)
+    w = torch.randn(11, 8, generator=g)
+    b = torch.zeros(11)
+    b[3] = -150.0  # token 3 is never likely: p = 0 in fp32 and bf16
+    labels = torch.tensor([3, 0, 3, 5, 10, 1])
+    loss, hit = LinearCrossEntropy.apply(h.to(dtype), w, b, labels, 6.0, 4)  # chunks of 4 rows: 2 chunks
+    logits = (h.to(dtype) @ w.to(dtype).t() + b.to(dtype)).float()
+    expected = F.cross_entropy(logits, labels, reduction="sum") / 6.0
+    assert torch.isfinite(loss) and expected > 40
+    torch.testing.assert_close(loss, expected, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
+    assert torch.equal(hit, logits.argmax(-1) == labels)
+
+
 def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(monkeypatch):
     """The bulk-drawn CPU dropout: keep rate 1 - p, output and gradient x * keep / (1 - p) (what
     F.dropout computes for its own mask), masks decided by torch.manual_seed, fresh per call."""
@@ -163,6 +184,19 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
     assert model.keep_mask((7, 3), 0.0).all() and model.keep_mask((5, 9, 2), 0.5).shape == (5, 9, 2)
     for p in (0.01, 0.5, 0.9):  # 16 bits per element: the rate to within 2^-17, sizes not a multiple of 4
         assert abs(model.keep_mask((999, 1001), p).float().mean().item() - (1 - p)) < 0.002
+    # a mask of several parts (drawn on threads) is the same whatever the thread count
+    threads = torch.get_num_threads()
+    try:
+        torch.manual_seed(4)
+        torch.set_num_threads(1)
+        one = model.keep_mask((3, model.MASK_PART + 5), 0.1)
+        torch.manual_seed(4)
+        torch.set_num_threads(2)
+        assert torch.equal(model.keep_mask((3, model.MASK_PART + 5), 0.1), one)
+    finally:
+        torch.set_num_threads(threads)
+    parts = one.flatten()[:3 * model.MASK_PART].view(3, -1)
+    assert not torch.equal(parts[0], parts[1]) and abs(one.float().mean().item() - 0.9) < 0.001
     masks = []
     real = model.keep_mask
     monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
