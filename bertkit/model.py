@@ -251,6 +251,9 @@ class MLMHead(nn.Module):
         return F.linear(self.transform(h), self.decoder_weight, self.bias)  # (N, V)
 
 
+MLM_ROWS_MULTIPLE = 64
+
+
 class LinearCrossEntropy(torch.autograd.Function):
     """sum over rows of cross_entropy(h @ W.T + b, labels) / denominator, with the gradients
     computed in the forward pass, a chunk of rows at a time, so the (N, V) logits are never
@@ -263,7 +266,8 @@ class LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, h, weight, bias, labels, denominator: float, chunk: int = 512):
-        # h: (N, H), weight: (V, H), bias: (V,), labels: (N,) token ids (no ignored rows).
+        # h: (M, H), weight: (V, H), bias: (V,), labels: (N,) token ids of h's first N <= M rows;
+        # the rows after them are padding (no loss, zero gradient).
         # Everything runs in h's dtype (bf16 under autocast) except the sums, which are fp32:
         # torch's CPU softmax computes in fp32 and rounds only its output. In bf16 each row's
         # loss, -log p(label), has the 3 significant digits of a bf16 probability (unbiased
@@ -275,12 +279,13 @@ class LinearCrossEntropy(torch.autograd.Function):
         with torch.autocast(h.device.type, enabled=False):
             for i in range(0, h.size(0), chunk):
                 hc, yc = h[i:i + chunk], labels[i:i + chunk]
-                rows = torch.arange(yc.size(0), device=h.device)
+                rows = torch.arange(yc.size(0), device=h.device)               # the chunk's real rows
                 logits = torch.mm(hc, w.t()).add_(b)                         # (n, V); addmm's bias copy costs more
-                target = logits[rows, yc]                                    # (n,) the label's logit
-                hit[i:i + chunk] = target >= logits.amax(-1)
+                target = logits[rows, yc]                                    # the label's logit
+                hit[i:i + chunk] = target >= logits.amax(-1)[:yc.size(0)]
                 grad = logits.softmax(-1)                                    # (n, V)
-                p = grad[rows, yc].float()                                   # (n,) p(label)
+                grad[yc.size(0):] = 0                                        # padding rows
+                p = grad[rows, yc].float()                                   # p(label)
                 lost = p == 0
                 if lost.any():  # underflow (a label logit ~90 below the top): those rows' loss exactly
                     loss += (torch.logsumexp(logits[lost].float(), -1) - target[lost].float()).sum()
@@ -347,8 +352,12 @@ class BertForPreTraining(nn.Module):
             # training: the fused loss, at the used slots only (unused ones hold -100)
             valid = mlm_labels != -100                                                   # (B, P)
             n = valid.sum() if mlm_denominator is None else mlm_denominator
+            rows = picked[valid]                                                         # (N, H)
+            # N changes every step; padded to a multiple of 64 rows, the MLM matmuls see a few
+            # shapes only: oneDNN's bf16 CPU kernels are built per shape (2-10 ms for each new one)
+            rows = F.pad(rows, (0, 0, 0, -rows.size(0) % MLM_ROWS_MULTIPLE))            # (M, H)
             mlm_loss, hit = LinearCrossEntropy.apply(
-                self.mlm.transform(picked[valid]), self.mlm.decoder_weight, self.mlm.bias,
+                self.mlm.transform(rows), self.mlm.decoder_weight, self.mlm.bias,
                 mlm_labels[valid], n)                                                    # (), (N,)
             mlm_correct = torch.zeros_like(valid).masked_scatter_(valid, hit)
             mlm_predictions = None

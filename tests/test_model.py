@@ -172,6 +172,29 @@ def test_fused_mlm_loss_is_exact_where_the_labels_probability_underflows(dtype):
     assert torch.equal(hit, logits.argmax(-1) == labels)
 
 
+def test_fused_mlm_loss_ignores_padding_rows():
+    # rows after the labelled ones (the training path pads to a multiple of 64) change nothing
+    # and get a zero gradient
+    from bertkit.model import LinearCrossEntropy
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(70, 16, generator=g, requires_grad=True)
+    w = torch.randn(30, 16, generator=g, requires_grad=True)
+    b = torch.randn(30, generator=g, requires_grad=True)
+    labels = torch.randint(0, 30, (45,), generator=g)
+    loss, hit = LinearCrossEntropy.apply(h, w, b, labels, 45.0, 32)  # the padding starts inside the 2nd chunk
+    loss.backward()
+    ref_h = h.detach()[:45].clone().requires_grad_()
+    ref_w, ref_b = w.detach().clone().requires_grad_(), b.detach().clone().requires_grad_()
+    ref = torch.nn.functional.cross_entropy(ref_h @ ref_w.t() + ref_b, labels)
+    ref.backward()
+    torch.testing.assert_close(loss, ref.detach())
+    assert hit.shape == (45,) and torch.equal(hit, (ref_h @ ref_w.t() + ref_b).argmax(-1) == labels)
+    torch.testing.assert_close(h.grad[:45], ref_h.grad)
+    assert torch.equal(h.grad[45:], torch.zeros(25, 16))
+    torch.testing.assert_close(w.grad, ref_w.grad)
+    torch.testing.assert_close(b.grad, ref_b.grad)
+
+
 def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(monkeypatch):
     """The bulk-drawn CPU dropout: keep rate 1 - p, output and gradient x * keep / (1 - p) (what
     F.dropout computes for its own mask), masks decided by torch.manual_seed, fresh per call."""
