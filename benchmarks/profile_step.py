@@ -26,9 +26,10 @@ from bertkit.training.memory import keep_freed_memory
 
 # aten operators grouped by what they do in a BERT step
 GROUPS = [("matmul (linear layers, vocabulary projection)", ("aten::mm", "aten::addmm", "aten::bmm")),
-          ("attention kernel (SDPA)", ("scaled_dot_product", "aten::_softmax")),
-          ("MLM loss: softmax and its gradient", ("aten::exp", "aten::sub", "aten::max", "aten::log_softmax",
-                                                  "aten::_log_softmax", "aten::nll_loss", "aten::logsumexp")),
+          ("attention kernel (SDPA)", ("scaled_dot_product",)),
+          ("softmax (spelled-out attention; the MLM loss's, which is its gradient)", ("aten::_softmax",)),
+          ("MLM loss: max, log and the rest", ("aten::exp", "aten::sub", "aten::max", "aten::amax", "aten::log",
+                                               "aten::nll_loss", "aten::logsumexp")),
           ("dropout masks", ("aten::bernoulli", "aten::native_dropout", "bertkit::keep_mask")),
           ("GELU", ("aten::gelu",)),
           ("LayerNorm", ("aten::native_layer_norm",)),

@@ -271,7 +271,7 @@ class LinearCrossEntropy(torch.autograd.Function):
         # Everything runs in h's dtype (bf16 under autocast) except the sums, which are fp32:
         # torch's CPU softmax computes in fp32 and rounds only its output. In bf16 each row's
         # loss, -log p(label), has the 3 significant digits of a bf16 probability (unbiased
-        # rounding; the mean over 4,548 rows moved by 6e-6 against fp32 sums of exp).
+        # rounding: the mean over 4,548 rows moved by 6e-6 of itself against fp32 sums of exp).
         w, b = weight.to(h.dtype), bias.to(h.dtype)
         dh, dw, db = torch.empty_like(h), torch.zeros_like(weight), torch.zeros_like(bias)
         loss = h.new_zeros((), dtype=torch.float32)
@@ -354,7 +354,7 @@ class BertForPreTraining(nn.Module):
             n = valid.sum() if mlm_denominator is None else mlm_denominator
             rows = picked[valid]                                                         # (N, H)
             # N changes every step; padded to a multiple of 64 rows, the MLM matmuls see a few
-            # shapes only: oneDNN's bf16 CPU kernels are built per shape (2-10 ms for each new one)
+            # shapes only: oneDNN builds its bf16 CPU kernels per shape (2-11 ms for a new one)
             rows = F.pad(rows, (0, 0, 0, -rows.size(0) % MLM_ROWS_MULTIPLE))            # (M, H)
             mlm_loss, hit = LinearCrossEntropy.apply(
                 self.mlm.transform(rows), self.mlm.decoder_weight, self.mlm.bias,
