@@ -49,14 +49,14 @@ def keep_mask(shape, p: float) -> torch.Tensor:
         threshold = round(p * 2**16) - 2**15
         keep = np.empty(n, dtype=np.bool_)
         starts = range(0, n, MASK_PART)
-        if len(starts) == 1 or torch.get_num_threads() == 1:
-            for i in starts:
-                _fill_keep(keep[i:i + MASK_PART], seed, i // MASK_PART, threshold)
-        else:
+        fill = lambda i: _fill_keep(keep[i:i + MASK_PART], seed, i // MASK_PART, threshold)  # noqa: E731
+        if len(starts) > 1 and torch.get_num_threads() > 1:
             if _mask_threads is None:
                 _mask_threads = ThreadPoolExecutor(torch.get_num_threads(), thread_name_prefix="bertkit-mask")
-            list(_mask_threads.map(lambda i: _fill_keep(keep[i:i + MASK_PART], seed, i // MASK_PART, threshold),
-                                   starts))
+            list(_mask_threads.map(fill, starts))
+        else:
+            for i in starts:
+                fill(i)
         return torch.from_numpy(keep).view(shape)
 
 
