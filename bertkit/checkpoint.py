@@ -16,9 +16,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import BertConfig
+from .config import BertConfig, load_config  # noqa: F401 - load_config: re-exported
 from .errors import BertkitError
 from .model import BertForPreTraining, BertModel, init_weights
+from .tokenizer import check_vocab_fits, load_tokenizer  # noqa: F401 - re-exported
 
 WEIGHTS = "model.safetensors"
 
@@ -107,36 +108,6 @@ def _normalised_names(raw: dict[str, torch.Tensor]) -> dict[str, str]:
     if any(k.startswith("bert.") for k in raw):
         return {k: k for k in raw}
     return {k: k if k.startswith("cls.") else "bert." + k for k in raw}
-
-
-def load_config(folder: str | Path) -> BertConfig:
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise BertkitError(f"{folder}: not a model folder (no such directory)")
-    if not (folder / "config.json").is_file():
-        raise BertkitError(f"{folder}: no config.json in this folder")
-    return BertConfig.from_json(folder / "config.json")
-
-
-def check_vocab_fits(tokenizer, cfg: BertConfig, folder: str | Path) -> None:
-    """A tokenizer whose ids reach past the embedding matrix would crash at the first such id:
-    refuse it when the folder is loaded, naming both sizes."""
-    folder = Path(folder)
-    vocab = tokenizer.tok.get_vocab(with_added_tokens=True)
-    n = max(vocab.values(), default=-1) + 1
-    if n > cfg.vocab_size:
-        source = folder / ("tokenizer.json" if (folder / "tokenizer.json").is_file() else "vocab.txt")
-        raise BertkitError(f"{source}: the tokenizer has {n} token ids but config.json vocab_size is "
-                           f"{cfg.vocab_size} (the model has no embedding for ids {cfg.vocab_size} and up); "
-                           "use the vocabulary the model was trained with")
-
-
-def load_tokenizer(folder: str | Path, cfg: BertConfig | None = None):
-    """The folder's tokenizer, checked to fit the folder's model (config.json vocab_size)."""
-    from .tokenizer import WordPieceTokenizer
-    tokenizer = WordPieceTokenizer.from_folder(folder)
-    check_vocab_fits(tokenizer, cfg or load_config(folder), folder)
-    return tokenizer
 
 
 def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):

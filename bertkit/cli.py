@@ -35,9 +35,8 @@ def cmd_tokenizer_train(args) -> None:
 def cmd_encode(args) -> None:
     import numpy as np
 
-    from .checkpoint import load_config
-    from .inference.encode import Encoder
-    from .finetune import check_max_len
+    from .config import check_max_len, load_config
+    from .inference.encode import Encoder  # imports torch only for --backend torch
     from .inputs import read_text_inputs
     from .outputs import check_output_file
 

@@ -174,6 +174,26 @@ def memory_bytes() -> int | None:
     return min(sizes) if sizes else None
 
 
+def load_config(folder: str | Path) -> BertConfig:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise BertkitError(f"{folder}: not a model folder (no such directory)")
+    if not (folder / "config.json").is_file():
+        raise BertkitError(f"{folder}: no config.json in this folder")
+    return BertConfig.from_json(folder / "config.json")
+
+
+def check_max_len(max_len: int, cfg, option: str = "--max-len") -> int:
+    """A sequence length the model can take: at least 1, at most its position embeddings."""
+    limit = cfg.max_position_embeddings
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
+        raise BertkitError(f"{option} must be an integer of at least 1, got {max_len!r}")
+    if max_len > limit:
+        raise BertkitError(f"{option} {max_len} exceeds the model's limit of {limit} positions "
+                           f"(config.json max_position_embeddings); use at most {limit}")
+    return max_len
+
+
 # Google's BERT miniatures (Turc et al. 2019) name tiny/mini/small; base and large are the paper's.
 PRESETS: dict[str, dict] = {
     "tiny": dict(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=256),

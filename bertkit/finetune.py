@@ -20,6 +20,7 @@ import torch
 from tqdm import tqdm
 
 from .checkpoint import load_config, load_model, load_tokenizer, save_model
+from .config import check_max_len
 from .inference.encode import precision_context
 from .errors import BertkitError
 from .inputs import parse_json, read_text
@@ -113,17 +114,6 @@ def _json_number(value):
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:  # a numpy / torch scalar
         return _json_number(value.item())
     return value
-
-
-def check_max_len(max_len: int, cfg, option: str = "--max-len") -> int:
-    """A sequence length the model can take: at least 1, at most its position embeddings."""
-    limit = cfg.max_position_embeddings
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise BertkitError(f"{option} must be an integer of at least 1, got {max_len!r}")
-    if max_len > limit:
-        raise BertkitError(f"{option} {max_len} exceeds the model's limit of {limit} positions "
-                           f"(config.json max_position_embeddings); use at most {limit}")
-    return max_len
 
 
 def _head_state(model: TaskModel) -> dict[str, torch.Tensor]:

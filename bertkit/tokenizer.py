@@ -13,12 +13,16 @@ import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
-import torch
+import numpy as np
 from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
+from .config import BertConfig, load_config
 from .errors import BertkitError
+
+if TYPE_CHECKING:
+    import torch
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
@@ -26,6 +30,7 @@ SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
 
 @dataclass
 class Batch:
+    # torch.Tensor, or int64 numpy arrays from pad(..., tensors="np") (ONNX Runtime needs no torch)
     input_ids: torch.Tensor       # (B, T) padded to the longest in the batch
     token_type_ids: torch.Tensor  # (B, T) 0 for segment A (and padding), 1 for segment B
     attention_mask: torch.Tensor  # (B, T) 1 = token, 0 = padding
@@ -249,12 +254,19 @@ class WordPieceTokenizer:
                           f"truncated (first: text {cut[0]})", stacklevel=3)
         return encs
 
-    def pad(self, encs: Sequence[Encoding]) -> Batch:
-        """Pad encodings to the longest of them."""
+    def pad(self, encs: Sequence[Encoding], tensors: str = "pt") -> Batch:
+        """Pad encodings to the longest of them; tensors "pt" (torch) or "np" (numpy int64)."""
         T = max(len(e.ids) for e in encs)
-        rows = [(e.ids + [self.pad_id] * (T - len(e.ids)), e.type_ids + [0] * (T - len(e.ids)),
-                 [1] * len(e.ids) + [0] * (T - len(e.ids))) for e in encs]
-        ids, types, mask = (torch.tensor(list(col), dtype=torch.long) for col in zip(*rows))
+        ids = np.full((len(encs), T), self.pad_id, dtype=np.int64)
+        types, mask = np.zeros_like(ids), np.zeros_like(ids)
+        for row, e in enumerate(encs):
+            n = len(e.ids)
+            ids[row, :n], types[row, :n], mask[row, :n] = e.ids, e.type_ids, 1
+        if tensors == "pt":
+            import torch
+            ids, types, mask = torch.from_numpy(ids), torch.from_numpy(types), torch.from_numpy(mask)
+        elif tensors != "np":
+            raise ValueError(f"tensors must be 'pt' or 'np', got {tensors!r}")
         return Batch(ids, types, mask, [e.tokens for e in encs], [e.offsets for e in encs],
                      [e.sequence_ids for e in encs])
 
@@ -267,3 +279,23 @@ class WordPieceTokenizer:
         """Word pieces of one text, without special tokens, whole (never truncated)."""
         self.tok.no_truncation()
         return self.tok.encode(text, add_special_tokens=False).tokens
+
+
+def check_vocab_fits(tokenizer: WordPieceTokenizer, cfg: BertConfig, folder: str | Path) -> None:
+    """A tokenizer whose ids reach past the embedding matrix would crash at the first such id:
+    refuse it when the folder is loaded, naming both sizes."""
+    folder = Path(folder)
+    vocab = tokenizer.tok.get_vocab(with_added_tokens=True)
+    n = max(vocab.values(), default=-1) + 1
+    if n > cfg.vocab_size:
+        source = folder / ("tokenizer.json" if (folder / "tokenizer.json").is_file() else "vocab.txt")
+        raise BertkitError(f"{source}: the tokenizer has {n} token ids but config.json vocab_size is "
+                           f"{cfg.vocab_size} (the model has no embedding for ids {cfg.vocab_size} and up); "
+                           "use the vocabulary the model was trained with")
+
+
+def load_tokenizer(folder: str | Path, cfg: BertConfig | None = None) -> WordPieceTokenizer:
+    """The folder's tokenizer, checked to fit the folder's model (config.json vocab_size)."""
+    tokenizer = WordPieceTokenizer.from_folder(folder)
+    check_vocab_fits(tokenizer, cfg or load_config(folder), folder)
+    return tokenizer

@@ -97,3 +97,24 @@ def test_export_refuses_to_overwrite(tiny_bert, exported, capsys):
     assert main(["export", "--model", str(tiny_bert), "--out", str(exported)]) == 2
     assert "--overwrite" in capsys.readouterr().err
     assert main(["export", "--model", str(tiny_bert), "--out", str(tiny_bert), "--overwrite"]) == 2
+
+
+def test_onnx_encode_never_imports_torch(tmp_path, tiny_bert, exported):
+    """`encode --backend onnx` runs on ONNX Runtime alone (its start-up is ONNX Runtime's, not
+    torch's), every pooling and --normalize within 1e-4 of the PyTorch path."""
+    import subprocess
+    import sys
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    script = ("import sys\nfrom bertkit.cli import main\n"
+              "for pooling in ('cls', 'mean', 'pooler'):\n"
+              f"    assert main(['encode', '--model', {str(exported)!r}, '--input', {str(txt)!r}, '--output',"
+              f" {str(tmp_path)!r} + f'/{{pooling}}.npy', '--backend', 'onnx', '--pooling', pooling,"
+              " '--normalize']) == 0\n"
+              "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n")
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert run.stdout.strip().splitlines()[-1] == "[]", run.stdout
+    torch_encoder = Encoder.from_folder(exported, device="cpu")
+    for pooling in ("cls", "mean", "pooler"):
+        np.testing.assert_allclose(np.load(tmp_path / f"{pooling}.npy"),
+                                   torch_encoder.encode(SENTENCES, pooling=pooling, normalize=True), atol=1e-4)

@@ -5,6 +5,8 @@ input order. The model runs in fp32 unless bf16 is asked for: bf16 autocast is f
 and on a CPU with AMX (MiniLM on 2 AMX cores: about 1.9x), but moves vectors off their fp32
 values (there: max abs diff 1e-2, cosine to the fp32 vector at least 0.9999), which users
 comparing or storing vectors do not expect. On a CPU without AMX bf16 is usually slower.
+An exported encoder on ONNX Runtime (OnnxEncoder) runs here too, and that path never imports
+torch.
 """
 from __future__ import annotations
 
@@ -12,15 +14,18 @@ import contextlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
-import torch
 
-from ..checkpoint import load_model, load_tokenizer
 from ..errors import BertkitError
-from ..model import BertModel
-from ..tokenizer import Batch, WordPieceTokenizer
+from ..tokenizer import Batch, WordPieceTokenizer, load_tokenizer
+from .onnx_runtime import OnnxEncoder
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..model import BertModel
 
 POOLINGS = ("cls", "mean", "pooler")
 PRECISIONS = ("fp32", "bf16")
@@ -32,6 +37,7 @@ def precision_context(device: torch.device, precision: str = "fp32"):
         raise BertkitError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return contextlib.nullcontext()
+    import torch
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
@@ -51,14 +57,15 @@ def folder_pooling(folder: str | Path) -> str | None:
     return None
 
 
-def pool(sequence_output, pooled_output, attention_mask, pooling: str) -> torch.Tensor:
+def pool(sequence_output, pooled_output, attention_mask, pooling: str):
+    """Sentence vectors (B, H) from torch tensors or numpy arrays alike."""
     if pooling == "cls":
         return sequence_output[:, 0]                               # (B, H)
     if pooling == "pooler":
         return pooled_output                                       # (B, H)
     if pooling == "mean":  # masked mean over all tokens, specials included (sentence-transformers)
-        m = attention_mask[..., None].to(sequence_output.dtype)    # (B, T, 1)
-        return (sequence_output * m).sum(1) / m.sum(1).clamp(min=1e-9)
+        m = attention_mask[..., None] != 0                         # (B, T, 1)
+        return (sequence_output * m).sum(1) / m.sum(1).clip(min=1)
     raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
 
 
@@ -96,12 +103,21 @@ class TokenVectors:
 
 
 class Encoder:
-    def __init__(self, model: BertModel, tokenizer: WordPieceTokenizer, pooling: str = "cls",
+    """Sentence and token vectors from a BertModel on PyTorch or an OnnxEncoder on ONNX Runtime."""
+
+    def __init__(self, model: BertModel | OnnxEncoder, tokenizer: WordPieceTokenizer, pooling: str = "cls",
                  device: str | torch.device | None = None, precision: str = "fp32"):
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        precision_context(self.device, precision)  # fails now on an unknown name, not at the first batch
+        self.onnx = isinstance(model, OnnxEncoder)
+        if self.onnx:
+            if precision != "fp32":
+                raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
+            self.device, self.model = None, model
+        else:
+            import torch
+            self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+            precision_context(self.device, precision)  # fails now on an unknown name, not at the first batch
+            self.model = model.to(self.device).eval()
         self.precision = precision
-        self.model = model.to(self.device).eval()
         self.tokenizer = tokenizer
         self.default_pooling = pooling
 
@@ -109,14 +125,14 @@ class Encoder:
     def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32",
                     backend: str = "torch") -> "Encoder":
         """backend "onnx": the folder's model.onnx on ONNX Runtime (CPU, fp32), from `bertkit export`."""
+        if backend not in ("torch", "onnx"):
+            raise BertkitError(f"unknown backend {backend!r}; choose torch or onnx")
+        if backend == "onnx" and precision != "fp32":
+            raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
         tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
         if backend == "onnx":
-            from .export import OnnxBert
-            if precision != "fp32":
-                raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
-            return cls(OnnxBert.from_folder(folder), tokenizer, folder_pooling(folder) or "cls", "cpu")
-        if backend != "torch":
-            raise BertkitError(f"unknown backend {backend!r}; choose torch or onnx")
+            return cls(OnnxEncoder.from_folder(folder), tokenizer, folder_pooling(folder) or "cls")
+        from ..checkpoint import load_model
         model, _ = load_model(folder, heads=False)
         return cls(model, tokenizer, folder_pooling(folder) or "cls", device, precision)
 
@@ -125,8 +141,9 @@ class Encoder:
         return self.model.config.hidden_size
 
     def _runs(self, texts, pairs, batch_size: int, max_len: int | None,
-              truncation: bool) -> Iterator[tuple[list[int], Batch, object]]:
-        """Yield (input indices, batch, model output) over length-sorted batches."""
+              truncation: bool) -> Iterator[tuple[list[int], Batch, tuple]]:
+        """Yield (input indices, batch, (sequence_output, pooled_output)) over length-sorted
+        batches: numpy arrays from ONNX Runtime, tensors from PyTorch."""
         if batch_size < 1:
             raise BertkitError(f"batch size must be at least 1, got {batch_size}")
         limit = self.model.config.max_position_embeddings
@@ -135,11 +152,18 @@ class Encoder:
             raise BertkitError(f"max length {max_len} exceeds the model's {limit} positions")
         encs = self.tokenizer.encode_unpadded(texts, pairs, max_len, truncation)
         order = sorted(range(len(encs)), key=lambda i: len(encs[i].ids))
+        runs = [order[s:s + batch_size] for s in range(0, len(order), batch_size)]
+        if self.onnx:
+            for idx in runs:
+                batch = self.tokenizer.pad([encs[i] for i in idx], tensors="np")
+                yield idx, batch, self.model.run(batch.input_ids, batch.token_type_ids, batch.attention_mask)
+            return
+        import torch
         with torch.inference_mode(), precision_context(self.device, self.precision):
-            for s in range(0, len(order), batch_size):
-                idx = order[s:s + batch_size]
+            for idx in runs:
                 batch = self.tokenizer.pad([encs[i] for i in idx])
-                yield idx, batch, self.model(**batch.model_inputs(self.device))
+                out = self.model(**batch.model_inputs(self.device))
+                yield idx, batch, (out.sequence_output, out.pooled_output)
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, pooling: str | None = None,
                batch_size: int = 32, max_len: int | None = None, truncation: bool = True,
@@ -149,11 +173,12 @@ class Encoder:
         if pooling not in POOLINGS:
             raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
         out = np.empty((len(texts), self.hidden_size), dtype=np.float32)
-        for idx, batch, res in self._runs(texts, pairs, batch_size, max_len, truncation):
-            v = pool(res.sequence_output, res.pooled_output, batch.attention_mask.to(self.device), pooling)
-            if normalize:
-                v = torch.nn.functional.normalize(v.float(), dim=-1)
-            out[idx] = v.float().cpu().numpy()
+        for idx, batch, (seq, pooled) in self._runs(texts, pairs, batch_size, max_len, truncation):
+            mask = batch.attention_mask if self.onnx else batch.attention_mask.to(self.device)
+            v = pool(seq, pooled, mask, pooling)
+            out[idx] = v if self.onnx else v.float().cpu().numpy()
+        if normalize:  # as torch's F.normalize: v / max(|v|, 1e-12)
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
         _check_finite(out)
         return out
 
@@ -161,8 +186,8 @@ class Encoder:
                       max_len: int | None = None, truncation: bool = True) -> list[TokenVectors]:
         """Last-layer vector of every word piece, per text, in input order."""
         result: list[TokenVectors | None] = [None] * len(texts)
-        for idx, batch, res in self._runs(texts, pairs, batch_size, max_len, truncation):
-            seq = res.sequence_output.float().cpu().numpy()
+        for idx, batch, (seq, _) in self._runs(texts, pairs, batch_size, max_len, truncation):
+            seq = seq if self.onnx else seq.float().cpu().numpy()
             for row, i in enumerate(idx):
                 n = len(batch.tokens[row])
                 result[i] = TokenVectors(batch.tokens[row], batch.offsets[row], batch.sequence_ids[row],

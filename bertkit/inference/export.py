@@ -18,13 +18,9 @@ from torch import nn
 
 from ..errors import BertkitError
 from ..model import BertModel, BertOutput
+from .onnx_runtime import HEAD_ONNX, INPUTS, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session
 
-ONNX = "model.onnx"
-ONNX_INT8 = "model.int8.onnx"
-HEAD_ONNX = "head.onnx"
-SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model  # a fine-tuned folder's task head: its input is what the task feeds it
-INPUTS = ("input_ids", "token_type_ids", "attention_mask")
-OUTPUTS = ("sequence_output", "pooled_output")
+SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model
 
 
 class _Graph(nn.Module):
@@ -79,40 +75,21 @@ def quantize_int8(src: str | Path, dst: str | Path) -> None:
 
 
 class OnnxBert(nn.Module):
-    """Runs an exported encoder on ONNX Runtime with BertModel's call and outputs, so the
-    encoder, fill-mask-free task heads and the server use it unchanged. CPU only."""
+    """An exported encoder (OnnxEncoder) with BertModel's call and outputs, so fine-tuned task
+    models and the server use it unchanged. CPU only."""
 
-    def __init__(self, path: str | Path, config):
+    def __init__(self, runtime: OnnxEncoder):
         super().__init__()
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
-            raise BertkitError(f"{path}: cannot load the ONNX model ({e})") from None
-        self.config = config
-        self.path = Path(path)
+        self.runtime = runtime
+        self.config = runtime.config
 
     @classmethod
     def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxBert":
-        from ..checkpoint import load_config
-        folder = Path(folder)
-        path = folder / (ONNX_INT8 if int8 else ONNX)
-        if not path.is_file():
-            raise BertkitError(f"{folder}: no {path.name}; make it with `bertkit export --model FOLDER --out DIR"
-                               f"{' --int8' if int8 else ''}` and use DIR")
-        return cls(path, load_config(folder))
+        return cls(OnnxEncoder.from_folder(folder, int8))
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertOutput:
-        if token_type_ids is None:
-            token_type_ids = torch.zeros_like(input_ids)
-        if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
-        feed = {name: t.detach().cpu().numpy().astype(np.int64)
-                for name, t in zip(INPUTS, (input_ids, token_type_ids, attention_mask))}
-        sequence, pooled = self.session.run(list(OUTPUTS), feed)
+        sequence, pooled = self.runtime.run(*(None if t is None else t.detach().cpu().numpy()
+                                              for t in (input_ids, token_type_ids, attention_mask)))
         return BertOutput(torch.from_numpy(sequence), torch.from_numpy(pooled))
 
 
@@ -121,11 +98,7 @@ class OnnxHead(nn.Module):
 
     def __init__(self, path: str | Path, torch_head: nn.Module):
         super().__init__()
-        import onnxruntime as ort
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = torch.get_num_threads()
-        options.log_severity_level = 3
-        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.session = open_session(path)
         self.crf = getattr(torch_head, "crf", None)
         self.anchor = nn.Parameter(torch.zeros(()), requires_grad=False)  # run_task asks the device
 
@@ -193,7 +166,7 @@ def check_parity(bert: BertModel, tokenizer, path: str | Path) -> float:
     batch = tokenizer.encode(CHECK_TEXTS, max_len=bert.config.max_position_embeddings)
     inputs = batch.model_inputs("cpu")
     ref = bert(**inputs)
-    got = OnnxBert(path, bert.config)(**inputs)
+    got = OnnxBert(OnnxEncoder(path, bert.config))(**inputs)
     keep = batch.attention_mask.bool()
     return max(float((ref.sequence_output - got.sequence_output)[keep].abs().max()),
                float((ref.pooled_output - got.pooled_output).abs().max()))

@@ -93,12 +93,13 @@ class Served:
         self.config = body.config
         self.backend = backend
         if backend == "onnx":  # the encoder and a task head on ONNX Runtime; /attention reads the torch weights
-            from .export import OnnxBert, onnx_task_model
+            from .export import onnx_task_model
+            from .onnx_runtime import OnnxEncoder
             if self.task_model is not None:
                 onnx_task_model(self.folder, self.task_model)
-                encoder_body = self.task_model.bert
+                encoder_body = self.task_model.bert.runtime
             else:
-                encoder_body = OnnxBert.from_folder(self.folder)
+                encoder_body = OnnxEncoder.from_folder(self.folder)
         else:
             encoder_body = body
         self.encoder = Encoder(encoder_body, self.tokenizer, folder_pooling(self.folder) or "cls", device="cpu")

@@ -1,0 +1,61 @@
+"""Exported models on ONNX Runtime, without torch: `encode --backend onnx` starts in ONNX
+Runtime's own start-up time (here 0.5 s, against 2.2 s for `import torch` alone)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..config import BertConfig, load_config
+from ..errors import BertkitError
+
+ONNX = "model.onnx"
+ONNX_INT8 = "model.int8.onnx"
+HEAD_ONNX = "head.onnx"
+INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+OUTPUTS = ("sequence_output", "pooled_output")
+
+
+def open_session(path: str | Path):
+    """An ONNX Runtime CPU session, with as many threads as torch would use (OMP_NUM_THREADS
+    when set, else ONNX Runtime's default of one per physical core)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        options.intra_op_num_threads = int(threads)
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
+        raise BertkitError(f"{path}: cannot load the ONNX model ({e})") from None
+
+
+class OnnxEncoder:
+    """An exported encoder: int64 arrays in, (sequence_output (B, T, H), pooled_output (B, H))
+    float32 arrays out."""
+
+    def __init__(self, path: str | Path, config: BertConfig):
+        self.session = open_session(path)
+        self.config = config
+        self.path = Path(path)
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxEncoder":
+        folder = Path(folder)
+        path = folder / (ONNX_INT8 if int8 else ONNX)
+        if not path.is_file():
+            raise BertkitError(f"{folder}: no {path.name}; make it with `bertkit export --model FOLDER --out DIR"
+                               f"{' --int8' if int8 else ''}` and use DIR")
+        return cls(path, load_config(folder))
+
+    def run(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None,
+            attention_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        input_ids = np.asarray(input_ids, dtype=np.int64)
+        token_type_ids = np.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        attention_mask = np.ones_like(input_ids) if attention_mask is None else attention_mask
+        feed = {name: np.asarray(a, dtype=np.int64) for name, a in zip(INPUTS, (input_ids, token_type_ids,
+                                                                               attention_mask))}
+        sequence, pooled = self.session.run(list(OUTPUTS), feed)
+        return sequence, pooled
