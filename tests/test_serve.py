@@ -160,6 +160,26 @@ def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_
         assert r.status_code == 422 and "question" in r.json()["error"]
 
 
+def test_the_onnx_backend_serves_the_same_vectors_and_predictions(classifier, tmp_path):
+    """serve --backend onnx on an exported fine-tuned folder: the encoder and the head on ONNX
+    Runtime, /encode and /predict within 1e-4 of the torch backend's answers."""
+    pytest.importorskip("onnxruntime")
+    exported = tmp_path / "onnx"
+    assert main(["export", "--model", str(classifier), "--out", str(exported)]) == 0
+    inputs = ["a moving film", {"text": "dull", "text_pair": "too long"}]
+    answers = {}
+    for backend in ("torch", "onnx"):
+        with client(exported, backend=backend) as c:
+            assert c.get("/info").json()["backend"] == backend
+            encoded = c.post("/encode", json={"texts": SENTENCES, "pooling": "mean"})
+            predicted = c.post("/predict", json={"inputs": inputs})
+            assert encoded.status_code == predicted.status_code == 200, (encoded.text, predicted.text)
+            answers[backend] = (np.array(encoded.json()["vectors"]), predicted.json()["predictions"])
+    np.testing.assert_allclose(answers["onnx"][0], answers["torch"][0], atol=1e-4)
+    for a, b in zip(answers["onnx"][1], answers["torch"][1]):
+        assert a["label"] == b["label"] and a["scores"] == pytest.approx(b["scores"], abs=1e-4)
+
+
 @pytest.mark.parametrize("request_, status, words", [
     ({"texts": "not a list"}, 422, "texts"),
     ({}, 422, "texts"),
