@@ -8,9 +8,12 @@ replaced by a random token are reported apart: an unchanged token can be copied)
 Runs are strictly sequential: two runs sharing 2 cores slow each other down far more than 2x.
 
     .venv/bin/python benchmarks/pretrain_recipes.py [--budget 10m] [--only "fast;textbook"]
+        [--results pretrain_recipes.json] [--plot docs/pretrain-recipes.png]
 
 Writes benchmarks/results/pretrain_recipes.json, docs/pretrain-recipes.png (held-out accuracy
-at [MASK] against wall time) and prints a Markdown table for benchmarks/README.md.
+at [MASK] against wall time) and prints a Markdown table for benchmarks/README.md. Each run
+trains in `bertkit pretrain`'s default precision (bf16 autocast on a CPU with AMX), recorded
+per recipe.
 """
 from __future__ import annotations
 
@@ -76,7 +79,8 @@ def run(name: str, args: list[str], data: Path, work: Path, budget: str, budget_
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((out / "summary.json").read_text())
     evals = [r for r in records if "eval_mlm_acc" in r]
-    return {"args": args, "steps": summary["steps"], "pairs_per_s": summary["pairs_per_s"],
+    return {"args": args, "precision": summary.get("precision"), "steps": summary["steps"],
+            "pairs_per_s": summary["pairs_per_s"],
             "pairs_seen": summary["pairs_seen"], "elapsed_s": summary["elapsed_s"], "final": evals[-1],
             "curve": [(r["elapsed_s"], r["eval_mlm_acc"], r["eval_mlm_loss"], r["eval_mlm_top5"]) for r in evals]}
 
@@ -124,13 +128,15 @@ def main():
     ap.add_argument("--only", help="recipe names separated by semicolons")
     ap.add_argument("--work", default="runs/recipes")
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--results", default="pretrain_recipes.json", help="file name under --out")
+    ap.add_argument("--plot", default="docs/pretrain-recipes.png")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the runs under --work")
     args = ap.parse_args()
     if args.plot_only:
-        saved = json.loads((Path(args.out) / "pretrain_recipes.json").read_text())
+        saved = json.loads((Path(args.out) / args.results).read_text())
         saved["recipes"] = from_runs(Path(args.work), saved["recipes"])
-        (Path(args.out) / "pretrain_recipes.json").write_text(json.dumps(saved, indent=2) + "\n")
-        plot(saved["recipes"], Path("docs/pretrain-recipes.png"), saved["budget"])
+        (Path(args.out) / args.results).write_text(json.dumps(saved, indent=2) + "\n")
+        plot(saved["recipes"], Path(args.plot), saved["budget"])
         return
     names = [n.strip() for n in args.only.split(";")] if args.only else list(RECIPES)
     unknown = [n for n in names if n not in RECIPES]
@@ -138,7 +144,7 @@ def main():
         ap.error(f"unknown recipes {unknown}; known: {list(RECIPES)}")
     work = Path(args.work)
     data = prepare(work)
-    results_path = Path(args.out) / "pretrain_recipes.json"
+    results_path = Path(args.out) / args.results
     results = json.loads(results_path.read_text())["recipes"] if results_path.exists() and args.only else {}
     for name in names:
         results[name] = run(name, RECIPES[name], data, work, args.budget, parse_duration(args.budget))
@@ -149,12 +155,13 @@ def main():
         results_path.write_text(json.dumps({
             "budget": args.budget, "machine": platform.machine(), "threads": torch.get_num_threads(),
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "recipes": results}, indent=2) + "\n")
-    plot(results, Path("docs/pretrain-recipes.png"), args.budget)
-    print("\n| recipe | steps | pairs/s | held-out top-1 at [MASK] | top-5 | random-token pos. | unchanged pos. "
-          "| MLM loss | NSP acc |\n|---|---|---|---|---|---|---|---|---|")
+    plot(results, Path(args.plot), args.budget)
+    print("\n| recipe | precision | steps | pairs/s | held-out top-1 at [MASK] | top-5 | random-token pos. | unchanged pos. "
+          "| MLM loss | NSP acc |\n|---|---|---|---|---|---|---|---|---|---|")
     for name, r in sorted(results.items(), key=lambda kv: -kv[1]["final"]["eval_mlm_acc"]):
         f = r["final"]
-        print(f"| {name} | {r['steps']} | {r['pairs_per_s']:.0f} | {100 * f['eval_mlm_acc']:.1f}% | "
+        # runs recorded before the precision field ran in fp32
+        print(f"| {name} | {r.get('precision') or 'fp32'} | {r['steps']} | {r['pairs_per_s']:.0f} | {100 * f['eval_mlm_acc']:.1f}% | "
               f"{100 * f['eval_mlm_top5']:.1f}% | {100 * f['eval_mlm_acc_random']:.1f}% | "
               f"{100 * f['eval_mlm_acc_unchanged']:.1f}% | {f['eval_mlm_loss']:.2f} | {100 * f['eval_nsp_acc']:.0f}% |")
 

@@ -738,7 +738,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         "skipped_steps": guard.skipped,
         "budget_s": cfg.budget,
         "elapsed_s": elapsed(),
-        "device": str(device), "config": dataclasses.asdict(cfg),
+        "device": str(device), "precision": precision,  # what "auto" resolved to
+        "config": dataclasses.asdict(cfg),
     }
     write_json(out / "summary.json", summary)
     metrics.close()
