@@ -52,10 +52,8 @@ class OnnxEncoder:
 
     def run(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None,
             attention_mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        input_ids = np.asarray(input_ids, dtype=np.int64)
-        token_type_ids = np.zeros_like(input_ids) if token_type_ids is None else token_type_ids
-        attention_mask = np.ones_like(input_ids) if attention_mask is None else attention_mask
-        feed = {name: np.asarray(a, dtype=np.int64) for name, a in zip(INPUTS, (input_ids, token_type_ids,
-                                                                               attention_mask))}
-        sequence, pooled = self.session.run(list(OUTPUTS), feed)
+        ids = np.asarray(input_ids, dtype=np.int64)
+        types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64)
+        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
+        sequence, pooled = self.session.run(list(OUTPUTS), dict(zip(INPUTS, (ids, types, mask))))
         return sequence, pooled
