@@ -67,6 +67,10 @@ def test_cli_encode_and_predict_with_the_onnx_backend(tmp_path, tiny_bert, expor
     assert main(["encode", "--model", str(tiny_bert), "--input", str(txt), "--output", str(tmp_path / "x.npy"),
                  "--backend", "onnx"]) == 2
     assert "bertkit export" in capsys.readouterr().err
+    # ONNX Runtime runs the exported fp32 graph: bf16 is refused, not silently ignored
+    assert main(["encode", "--model", str(exported), "--input", str(txt), "--output", str(tmp_path / "b.npy"),
+                 "--backend", "onnx", "--precision", "bf16"]) == 2
+    assert "runs in fp32" in capsys.readouterr().err
     # a fine-tuned classifier: the encoder on ONNX Runtime, its head in PyTorch, same scores
     train = tmp_path / "train.csv"
     train.write_text("text,label\n" + '"a wonderful film",fresh\n"dull and long",rotten\n' * 4)

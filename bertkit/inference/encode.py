@@ -127,11 +127,10 @@ class Encoder:
         """backend "onnx": the folder's model.onnx on ONNX Runtime (CPU, fp32), from `bertkit export`."""
         if backend not in ("torch", "onnx"):
             raise BertkitError(f"unknown backend {backend!r}; choose torch or onnx")
-        if backend == "onnx" and precision != "fp32":
-            raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
         tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
         if backend == "onnx":
-            return cls(OnnxEncoder.from_folder(folder), tokenizer, folder_pooling(folder) or "cls")
+            return cls(OnnxEncoder.from_folder(folder), tokenizer, folder_pooling(folder) or "cls",
+                       precision=precision)
         from ..checkpoint import load_model
         model, _ = load_model(folder, heads=False)
         return cls(model, tokenizer, folder_pooling(folder) or "cls", device, precision)

@@ -12,7 +12,6 @@ import shutil
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 

@@ -39,7 +39,6 @@ class OnnxEncoder:
     def __init__(self, path: str | Path, config: BertConfig):
         self.session = open_session(path)
         self.config = config
-        self.path = Path(path)
 
     @classmethod
     def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxEncoder":
