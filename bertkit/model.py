@@ -107,37 +107,44 @@ class Dropout(nn.Dropout):
 PER_HEAD_MIN = 1 << 19
 
 
-def attention(qkv, n_head: int, mask, dropout_p: float = 0.0):
+def attention(q, kv, n_head: int, mask, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(hs) + mask) v per head, the attention probabilities dropped out at
-    dropout_p. qkv: (B, T, 3H) the fused projection; mask: (B, 1, 1, T) bool or None; returns
-    (B, T, H). Off a CPU, and on one without dropout, this is SDPA's fused kernel; with dropout,
-    SDPA's math path spelled out (softmax, dropout, matmuls) with bertkit's dropout. Training in
-    bf16 on a CPU takes the spelled-out path too: SDPA's CPU backward in bf16 is 3x slower (tiny
-    preset, batch 512, length 64, forward and backward: 161 against 52 ms; inference is not)."""
-    B, T, H3 = qkv.shape
-    H, hs = H3 // 3, H3 // 3 // n_head
-    bf16_training = qkv.dtype == torch.bfloat16 and qkv.requires_grad
-    if qkv.device.type != "cpu" or (dropout_p == 0 and not bf16_training):
-        q, k, v = (t.view(B, T, n_head, hs).transpose(1, 2) for t in qkv.split(H, dim=2))  # 3 x (B, nh, T, hs)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)    # (B, nh, T, hs)
-        return y.transpose(1, 2).reshape(B, T, H)
-    bias = qkv.new_zeros(1, 1, 1)
+    dropout_p. q: (B, Tq, H) the queries; kv: (B, T, 2H) keys then values (q and kv may be views
+    of one fused projection, or Tq < T queries at some positions only); mask: (B, 1, 1, T) bool
+    or None; returns (B, Tq, H). Off a CPU, and on one without dropout, this is SDPA's fused
+    kernel; with dropout, SDPA's math path spelled out (softmax, dropout, matmuls) with
+    bertkit's dropout. Training in bf16 on a CPU takes the spelled-out path too: SDPA's CPU
+    backward in bf16 is 3x slower (tiny preset, batch 512, length 64, forward and backward: 161
+    against 52 ms; inference is not)."""
+    B, Tq, H = q.shape
+    T, hs = kv.size(1), H // n_head
+    k, v = kv.split(H, dim=2)  # 2 x (B, T, H)
+    bf16_training = q.dtype == torch.bfloat16 and q.requires_grad
+    if q.device.type != "cpu" or (dropout_p == 0 and not bf16_training):
+        q, k, v = (t.unflatten(2, (n_head, hs)).transpose(1, 2) for t in (q, k, v))  # (B, nh, Tq|T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, nh, Tq, hs)
+        return y.transpose(1, 2).reshape(B, Tq, H)
+    bias = q.new_zeros(1, 1, 1)
     if mask is not None:  # 0 at real keys, -inf at padding: (B, 1, T)
-        bias = qkv.new_zeros(B, 1, T).masked_fill_(~mask.view(B, 1, T), float("-inf"))
+        bias = q.new_zeros(B, 1, T).masked_fill_(~mask.view(B, 1, T), float("-inf"))
     scale = 1.0 / math.sqrt(hs)
-    if B * T * T >= PER_HEAD_MIN:
-        heads = qkv.split(hs, dim=2)  # 3 * nh x (B, T, hs): q of every head, then k, then v
+    if B * Tq * T >= PER_HEAD_MIN:
         out = []
-        for i in range(n_head):
-            q, k, v = heads[i], heads[n_head + i], heads[2 * n_head + i]
-            scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)       # (B, T, T)
-            out.append(torch.bmm(dropout(scores.softmax(-1), dropout_p), v))      # (B, T, hs)
-        return torch.cat(out, dim=2)                                               # (B, T, H)
-    q, k, v = qkv.view(B, T, 3, n_head, hs).permute(2, 0, 3, 1, 4).reshape(3, B * n_head, T, hs).unbind(0)
+        for i in range(n_head):  # bmm reads each head's columns where they lie
+            h = slice(i * hs, (i + 1) * hs)
+            scores = torch.baddbmm(bias, q[..., h], k[..., h].transpose(1, 2), alpha=scale)  # (B, Tq, T)
+            out.append(torch.bmm(dropout(scores.softmax(-1), dropout_p), v[..., h]))         # (B, Tq, hs)
+        return torch.cat(out, dim=2)                                                          # (B, Tq, H)
+    q, k, v = (t.unflatten(2, (n_head, hs)).transpose(1, 2).reshape(B * n_head, -1, hs) for t in (q, k, v))
     bias = bias.view(B, 1, 1, T).expand(B, n_head, 1, T).reshape(B * n_head, 1, T) if mask is not None else bias
-    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)                # (B*nh, T, T)
-    y = torch.bmm(dropout(scores.softmax(-1), dropout_p), v)                       # (B*nh, T, hs)
-    return y.view(B, n_head, T, hs).transpose(1, 2).reshape(B, T, H)
+    scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)                # (B*nh, Tq, T)
+    y = torch.bmm(dropout(scores.softmax(-1), dropout_p), v)                       # (B*nh, Tq, hs)
+    return y.view(B, n_head, Tq, hs).transpose(1, 2).reshape(B, Tq, H)
+
+
+def gather_rows(x, rows):
+    """x: (B, T, H), rows: (B, Q) positions -> (B, Q, H) the hidden states there."""
+    return x.gather(1, rows[..., None].expand(*rows.shape, x.size(-1)))
 
 
 class Embeddings(nn.Module):
@@ -168,10 +175,18 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attn_dropout = cfg.attention_probs_dropout_prob
 
-    def forward(self, x, mask):
-        # x: (B, T, H); mask: (B, 1, 1, T) bool, True where the key is a real token, or None
-        y = attention(self.qkv(x), self.n_head, mask, self.attn_dropout if self.training else 0.0)  # (B, T, H)
-        return self.out(y)
+    def forward(self, x, mask, rows=None):
+        # x: (B, T, H); mask: (B, 1, 1, T) bool, True where the key is a real token, or None;
+        # rows: (B, Q) the positions to attend from (all T when None), as gather_rows takes them
+        p = self.attn_dropout if self.training else 0.0
+        if rows is None:
+            qkv = self.qkv(x)                                                            # (B, T, 3H)
+            H = x.size(-1)
+            return self.out(attention(qkv[..., :H], qkv[..., H:], self.n_head, mask, p))  # (B, T, H)
+        H, w, b = x.size(-1), self.qkv.weight, self.qkv.bias
+        q = F.linear(gather_rows(x, rows), w[:H], b[:H])                               # (B, Q, H)
+        kv = F.linear(x, w[H:], b[H:])                                                 # (B, T, 2H)
+        return self.out(attention(q, kv, self.n_head, mask, p))                        # (B, Q, H)
 
 
 class EncoderLayer(nn.Module):
@@ -186,9 +201,11 @@ class EncoderLayer(nn.Module):
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.drop = Dropout(cfg.hidden_dropout_prob)
 
-    def forward(self, x, mask):
-        x = self.attn_norm(x + self.drop(self.attn(x, mask)))                     # (B, T, H)
-        x = self.ffn_norm(x + self.drop(self.ffn_out(F.gelu(self.ffn_in(x)))))    # (B, T, H)
+    def forward(self, x, mask, rows=None):
+        # rows: (B, Q) positions: the output only there, (B, Q, H); keys and values still read all T
+        res = x if rows is None else gather_rows(x, rows)
+        x = self.attn_norm(res + self.drop(self.attn(x, mask, rows)))             # (B, T|Q, H)
+        x = self.ffn_norm(x + self.drop(self.ffn_out(F.gelu(self.ffn_in(x)))))    # (B, T|Q, H)
         return x
 
 
@@ -217,16 +234,21 @@ class BertModel(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.pooler = Pooler(cfg)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertOutput:
-        # input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = token, 0 = padding
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, last_layer_rows=None) -> BertOutput:
+        # input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = token, 0 = padding.
+        # last_layer_rows: (B, Q) positions, the first of each row [CLS] (0) for the pooler: the
+        # last layer computes its output only there, and sequence_output is (B, Q, H). Pretraining
+        # reads the last layer at [CLS] and the predicted slots alone (a sixth of the tokens at
+        # length 64), so the rest of its queries, FFN and norms would be spent for nothing.
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None  # no padding: SDPA may pick its fastest (mask-free) kernel
         if attention_mask is not None:
             mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T) broadcast over heads, queries
         x = self.embeddings(input_ids, token_type_ids)      # (B, T, H)
-        for layer in self.layers:
-            x = layer(x, mask)
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            x = layer(x, mask, last_layer_rows if i == last else None)  # (B, T, H); the last (B, Q, H) with rows
         return BertOutput(x, self.pooler(x))
 
 
@@ -324,7 +346,7 @@ class PreTrainingOutput:
     mlm_predictions: torch.Tensor | None  # (B, P) the most likely token at each given position; None when training
     mlm_correct: torch.Tensor | None  # (B, P) bool: that token is the label (with labels; False at unused slots)
     nsp_logits: torch.Tensor         # (B, 2)
-    sequence_output: torch.Tensor    # (B, T, H)
+    sequence_output: torch.Tensor | None  # (B, T, H); None when training with labels (last layer at the slots only)
     pooled_output: torch.Tensor      # (B, H)
 
 
@@ -342,13 +364,20 @@ class BertForPreTraining(nn.Module):
         # mlm_positions: (B, P) indices into T; mlm_labels: (B, P) token ids, -100 for padding.
         # mlm_denominator: divide the summed MLM loss by this instead of this batch's prediction
         # count, so that micro-batches and ranks weight every predicted token alike
-        out = self.bert(input_ids, token_type_ids, attention_mask)
         B, P = mlm_positions.shape
-        H = out.sequence_output.size(-1)
-        picked = out.sequence_output.gather(1, mlm_positions[..., None].expand(B, P, H))  # (B, P, H)
+        training = mlm_labels is not None and torch.is_grad_enabled()
+        if training:  # the last layer at [CLS] (for NSP) and the P slots only: the same loss, fewer FLOPs
+            rows = torch.cat([mlm_positions.new_zeros(B, 1), mlm_positions], 1)         # (B, 1 + P)
+            out = self.bert(input_ids, token_type_ids, attention_mask, last_layer_rows=rows)
+            picked, sequence_output = out.sequence_output[:, 1:], None                  # (B, P, H)
+        else:
+            out = self.bert(input_ids, token_type_ids, attention_mask)
+            sequence_output = out.sequence_output                                       # (B, T, H)
+            picked = gather_rows(sequence_output, mlm_positions)                        # (B, P, H)
+        H = picked.size(-1)
         nsp_logits = self.nsp(out.pooled_output)                                        # (B, 2)
         mlm_loss = nsp_loss = loss = mlm_logits = None
-        if mlm_labels is not None and torch.is_grad_enabled():
+        if training:
             # training: the fused loss, at the used slots only (unused ones hold -100)
             valid = mlm_labels != -100                                                   # (B, P)
             n = valid.sum() if mlm_denominator is None else mlm_denominator
@@ -376,7 +405,7 @@ class BertForPreTraining(nn.Module):
             nsp_loss = F.cross_entropy(nsp_logits.float(), nsp_labels)
             loss = nsp_weight * nsp_loss if loss is None else loss + nsp_weight * nsp_loss
         return PreTrainingOutput(loss, mlm_loss, nsp_loss, mlm_logits, mlm_predictions, mlm_correct, nsp_logits,
-                                 out.sequence_output, out.pooled_output)
+                                 sequence_output, out.pooled_output)
 
 
 def set_dropout(module: nn.Module, p: float) -> None:

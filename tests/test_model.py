@@ -46,7 +46,7 @@ def test_pretraining_heads_shapes_losses_and_gradients():
         assert model(ids, types, mask, mlm_positions=positions).mlm_logits.shape == (13, 3, 99)
     out = model(ids, types, mask, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp)
     assert out.mlm_correct.shape == (13, 3) and out.nsp_logits.shape == (13, 2)
-    assert out.sequence_output.shape == (13, 7, 32) and out.pooled_output.shape == (13, 32)
+    assert out.sequence_output is None and out.pooled_output.shape == (13, 32)  # the last layer ran at the slots only
     torch.testing.assert_close(out.loss, out.mlm_loss + out.nsp_loss)
     out.loss.backward()
     for name, p in model.named_parameters():
@@ -151,6 +151,72 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
     torch.testing.assert_close(out.mlm_loss * used.sum(), loss_p * 20.0, rtol=1e-4, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("per_head", [True, False])
+def test_training_runs_the_last_layer_at_cls_and_the_slots_only_with_the_full_layers_result(monkeypatch, per_head):
+    """Pretraining reads the last layer at [CLS] and the predicted slots only, so the training
+    path computes it only there (keys and values still from every token): the loss and every
+    gradient equal those of the full last layer, with padding, on both spelled-out attention
+    paths (p -> 0 keeps every element) and SDPA's."""
+    import torch.nn.functional as F
+
+    from bertkit import model as bk
+    monkeypatch.setattr(bk, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
+    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(4)
+    net = BertForPreTraining(cfg)
+    init_weights(net, cfg)
+    ids, types, mask = _inputs(cfg)
+    positions = torch.randint(0, 4, (13, 3))
+    labels = torch.randint(5, 99, (13, 3))
+    labels[2, 1:] = -100  # unused slots (position 0 there is [CLS] again)
+    positions[2, 1:] = 0
+    nsp = torch.randint(0, 2, (13,))
+    rows = []
+    net.bert.layers[-1].ffn_in.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[:2]))
+
+    def run(sparse: bool, p: float):
+        bk.set_dropout(net, p)
+        net.zero_grad(set_to_none=True)
+        if sparse:
+            out = net(ids, types, mask, mlm_positions=positions, mlm_labels=labels, nsp_labels=nsp,
+                      mlm_denominator=30.0)
+            loss = out.mlm_loss + out.nsp_loss
+        else:  # the plain path: every layer at every position, then the heads
+            out = net.bert(ids, types, mask)
+            picked = bk.gather_rows(out.sequence_output, positions)
+            loss = F.cross_entropy(net.mlm(picked).flatten(0, 1), labels.flatten(), ignore_index=-100,
+                                   reduction="sum") / 30.0
+            loss = loss + F.cross_entropy(net.nsp(out.pooled_output), nsp)
+        loss.backward()
+        return loss.detach(), {k: q.grad.clone() for k, q in net.named_parameters()}
+
+    for p in (0.0, 1e-12):  # SDPA, then the spelled-out path
+        rows.clear()
+        loss_s, grads_s = run(True, p)
+        assert rows == [(13, 1 + 3)]  # the last layer's FFN saw [CLS] and the 3 slots of each row
+        loss_p, grads_p = run(False, p)
+        assert rows[-1] == (13, 7)
+        torch.testing.assert_close(loss_s, loss_p, rtol=1e-5, atol=1e-6)
+        for name in grads_p:
+            torch.testing.assert_close(grads_s[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_attention_from_some_queries_equals_the_full_attention_at_those_rows(monkeypatch):
+    from bertkit import model as bk
+    g = torch.Generator().manual_seed(6)
+    B, T, nh, hs = 3, 8, 2, 4
+    qkv = torch.randn(B, T, 3 * nh * hs, generator=g)
+    mask = torch.tensor([[1] * 8, [1] * 5 + [0] * 3, [1] * 2 + [0] * 6]).bool()[:, None, None, :]
+    rows = torch.tensor([[0, 7, 3], [0, 1, 1], [0, 4, 2]])
+    H = nh * hs
+    for per_head in (True, False):
+        monkeypatch.setattr(bk, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
+        for p in (0.0, 1e-12):
+            full = bk.attention(qkv[..., :H], qkv[..., H:], nh, mask, p)
+            some = bk.attention(bk.gather_rows(qkv[..., :H], rows), qkv[..., H:], nh, mask, p)
+            torch.testing.assert_close(some, bk.gather_rows(full, rows), rtol=1e-5, atol=1e-6)
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fused_mlm_loss_is_exact_where_the_labels_probability_underflows(dtype):
     """The fused loss reads -log p(label) off the softmax; a row whose label is ~100 nats below
@@ -233,6 +299,12 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
     assert isinstance(layer, torch.nn.Dropout)  # set_dropout and HF-style code still see a dropout
 
 
+def _attention(qkv, nh, mask, p):  # model.attention on a fused (B, T, 3H) projection
+    from bertkit import model
+    H = qkv.size(-1) // 3
+    return model.attention(qkv[..., :H], qkv[..., H:], nh, mask, p)
+
+
 @pytest.mark.parametrize("per_head", [True, False])
 def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, per_head):
     from bertkit import model
@@ -252,17 +324,17 @@ def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, p
     fused = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask).transpose(1, 2).reshape(B, T, -1)
     # without dropout: SDPA itself; p -> 0 keeps every element: the spelled-out steps equal SDPA's
     # fused kernel, values and gradients, with and without padding
-    assert torch.equal(model.attention(qkv, nh, mask, 0.0), fused)
-    ours = model.attention(qkv, nh, mask, 1e-12)
+    assert torch.equal(_attention(qkv, nh, mask, 0.0), fused)
+    ours = _attention(qkv, nh, mask, 1e-12)
     assert torch.allclose(ours, fused, atol=1e-6)
     g_ours, g_fused = (torch.autograd.grad(out.square().sum(), qkv)[0] for out in (ours, fused))
     assert torch.allclose(g_ours, g_fused, atol=1e-5)
     unpadded = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, -1)
-    assert torch.allclose(model.attention(qkv, nh, None, 1e-12), unpadded, atol=1e-6)
+    assert torch.allclose(_attention(qkv, nh, None, 1e-12), unpadded, atol=1e-6)
     masks = []
     real = model.keep_mask
     monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
-    ours = model.attention(qkv, nh, mask, 0.2)
+    ours = _attention(qkv, nh, mask, 0.2)
     if per_head:
         assert len(masks) == nh and masks[0].shape == (B, T, T) and not masks[0].all()
         keep = torch.stack(masks, 1)  # (B, nh, T, T)
@@ -288,10 +360,10 @@ def test_bf16_training_attention_without_dropout_is_spelled_out_and_equals_sdpa(
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
                         lambda *a, **k: calls.append(a[0].dtype) or sdpa(*a, **k))
     ref_in = qkv.clone().requires_grad_()
-    ref = model.attention(ref_in, nh, mask, 0.0)
+    ref = _attention(ref_in, nh, mask, 0.0)
     assert calls == [torch.float32]
     ours_in = qkv.to(torch.bfloat16).requires_grad_()
-    ours = model.attention(ours_in, nh, mask, 0.0)
+    ours = _attention(ours_in, nh, mask, 0.0)
     assert calls == [torch.float32] and ours.dtype == torch.bfloat16
     assert torch.allclose(ours.float(), ref, atol=3e-2, rtol=2e-2)
     w = torch.randn(ref.shape, generator=g)
@@ -299,6 +371,6 @@ def test_bf16_training_attention_without_dropout_is_spelled_out_and_equals_sdpa(
     (ours.float() * w).sum().backward()
     assert torch.allclose(ours_in.grad.float(), ref_in.grad, atol=5e-2, rtol=5e-2)
     with torch.no_grad():
-        inference = model.attention(qkv.to(torch.bfloat16), nh, mask, 0.0)
+        inference = _attention(qkv.to(torch.bfloat16), nh, mask, 0.0)
     assert calls == [torch.float32, torch.bfloat16]
     assert torch.allclose(inference.float(), ref.detach(), atol=3e-2, rtol=2e-2)
