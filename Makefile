@@ -45,7 +45,7 @@ $(VENV)/.bench: $(VENV)/.test
 
 bench: $(VENV)/.bench $(DOCS)
 	$(PY) benchmarks/pretrain_throughput.py
-	$(PY) benchmarks/pretrain_throughput.py --preset mini --max-len 128
+	$(PY) benchmarks/pretrain_throughput.py --preset mini --max-len 128 --steps 3
 	$(PY) benchmarks/streaming_memory.py
 
 # which pretraining recipe learns most in 10 minutes (about 90 minutes on 2 cores)
