@@ -175,16 +175,15 @@ class SelfAttention(nn.Module):
         self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.attn_dropout = cfg.attention_probs_dropout_prob
 
-    def forward(self, x, mask, rows=None):
+    def forward(self, x, mask, queries=None):
         # x: (B, T, H); mask: (B, 1, 1, T) bool, True where the key is a real token, or None;
-        # rows: (B, Q) the positions to attend from (all T when None), as gather_rows takes them
-        p = self.attn_dropout if self.training else 0.0
-        if rows is None:
+        # queries: (B, Q, H) the hidden states to attend from, some of x's rows (all of x when None)
+        p, H = (self.attn_dropout if self.training else 0.0), x.size(-1)
+        if queries is None:
             qkv = self.qkv(x)                                                            # (B, T, 3H)
-            H = x.size(-1)
             return self.out(attention(qkv[..., :H], qkv[..., H:], self.n_head, mask, p))  # (B, T, H)
-        H, w, b = x.size(-1), self.qkv.weight, self.qkv.bias
-        q = F.linear(gather_rows(x, rows), w[:H], b[:H])                               # (B, Q, H)
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(queries, w[:H], b[:H])                                            # (B, Q, H)
         kv = F.linear(x, w[H:], b[H:])                                                 # (B, T, 2H)
         return self.out(attention(q, kv, self.n_head, mask, p))                        # (B, Q, H)
 
@@ -203,8 +202,11 @@ class EncoderLayer(nn.Module):
 
     def forward(self, x, mask, rows=None):
         # rows: (B, Q) positions: the output only there, (B, Q, H); keys and values still read all T
-        res = x if rows is None else gather_rows(x, rows)
-        x = self.attn_norm(res + self.drop(self.attn(x, mask, rows)))             # (B, T|Q, H)
+        if rows is None:
+            x = self.attn_norm(x + self.drop(self.attn(x, mask)))                 # (B, T, H)
+        else:
+            xq = gather_rows(x, rows)                                             # (B, Q, H)
+            x = self.attn_norm(xq + self.drop(self.attn(x, mask, xq)))            # (B, Q, H)
         x = self.ffn_norm(x + self.drop(self.ffn_out(F.gelu(self.ffn_in(x)))))    # (B, T|Q, H)
         return x
 
@@ -238,8 +240,8 @@ class BertModel(nn.Module):
         # input_ids, token_type_ids, attention_mask: (B, T); attention_mask 1 = token, 0 = padding.
         # last_layer_rows: (B, Q) positions, the first of each row [CLS] (0) for the pooler: the
         # last layer computes its output only there, and sequence_output is (B, Q, H). Pretraining
-        # reads the last layer at [CLS] and the predicted slots alone (a sixth of the tokens at
-        # length 64), so the rest of its queries, FFN and norms would be spent for nothing.
+        # reads the last layer at [CLS] and the predicted slots alone (a sixth to a third of the
+        # tokens at length 64), so the rest of its queries, FFN and norms would be spent for nothing.
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = None  # no padding: SDPA may pick its fastest (mask-free) kernel
