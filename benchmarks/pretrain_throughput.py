@@ -90,9 +90,8 @@ def torchs_dropout():
     fast = bertkit.model.dropout, bertkit.model.attention
     bertkit.model.dropout = lambda x, p, training=True: torch.nn.functional.dropout(x, p, training)
 
-    def sdpa_with_its_dropout(q, kv, n_head, mask, p=0.0):
+    def sdpa_with_its_dropout(q, k, v, n_head, mask, p=0.0):
         B, Tq, H = q.shape
-        k, v = kv.split(H, dim=2)
         q, k, v = (t.unflatten(2, (n_head, H // n_head)).transpose(1, 2) for t in (q, k, v))
         y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         return y.transpose(1, 2).reshape(B, Tq, H)

@@ -107,18 +107,17 @@ class Dropout(nn.Dropout):
 PER_HEAD_MIN = 1 << 19
 
 
-def attention(q, kv, n_head: int, mask, dropout_p: float = 0.0):
+def attention(q, k, v, n_head: int, mask, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(hs) + mask) v per head, the attention probabilities dropped out at
-    dropout_p. q: (B, Tq, H) the queries; kv: (B, T, 2H) keys then values (q and kv may be views
-    of one fused projection, or Tq < T queries at some positions only); mask: (B, 1, 1, T) bool
-    or None; returns (B, Tq, H). Off a CPU, and on one without dropout, this is SDPA's fused
+    dropout_p. q: (B, Tq, H) the queries; k, v: (B, T, H) (views of one fused projection, split
+    rather than sliced: a slice's backward zero-fills the whole projection's gradient; Tq < T
+    for queries at some positions only); mask: (B, 1, 1, T) bool or None; returns (B, Tq, H). Off a CPU, and on one without dropout, this is SDPA's fused
     kernel; with dropout, SDPA's math path spelled out (softmax, dropout, matmuls) with
     bertkit's dropout. Training in bf16 on a CPU takes the spelled-out path too: SDPA's CPU
     backward in bf16 is 3x slower (tiny preset, batch 512, length 64, forward and backward: 161
     against 52 ms; inference is not)."""
     B, Tq, H = q.shape
-    T, hs = kv.size(1), H // n_head
-    k, v = kv.split(H, dim=2)  # 2 x (B, T, H)
+    T, hs = k.size(1), H // n_head
     bf16_training = q.dtype == torch.bfloat16 and q.requires_grad
     if q.device.type != "cpu" or (dropout_p == 0 and not bf16_training):
         q, k, v = (t.unflatten(2, (n_head, hs)).transpose(1, 2) for t in (q, k, v))  # (B, nh, Tq|T, hs)
@@ -130,11 +129,10 @@ def attention(q, kv, n_head: int, mask, dropout_p: float = 0.0):
     scale = 1.0 / math.sqrt(hs)
     if B * Tq * T >= PER_HEAD_MIN:
         out = []
-        for i in range(n_head):  # bmm reads each head's columns where they lie
-            h = slice(i * hs, (i + 1) * hs)
-            scores = torch.baddbmm(bias, q[..., h], k[..., h].transpose(1, 2), alpha=scale)  # (B, Tq, T)
-            out.append(torch.bmm(dropout(scores.softmax(-1), dropout_p), v[..., h]))         # (B, Tq, hs)
-        return torch.cat(out, dim=2)                                                          # (B, Tq, H)
+        for qh, kh, vh in zip(q.split(hs, 2), k.split(hs, 2), v.split(hs, 2)):  # bmm reads each head where it lies
+            scores = torch.baddbmm(bias, qh, kh.transpose(1, 2), alpha=scale)     # (B, Tq, T)
+            out.append(torch.bmm(dropout(scores.softmax(-1), dropout_p), vh))     # (B, Tq, hs)
+        return torch.cat(out, dim=2)                                               # (B, Tq, H)
     q, k, v = (t.unflatten(2, (n_head, hs)).transpose(1, 2).reshape(B * n_head, -1, hs) for t in (q, k, v))
     bias = bias.view(B, 1, 1, T).expand(B, n_head, 1, T).reshape(B * n_head, 1, T) if mask is not None else bias
     scores = torch.baddbmm(bias, q, k.transpose(1, 2), alpha=scale)                # (B*nh, Tq, T)
@@ -180,12 +178,12 @@ class SelfAttention(nn.Module):
         # queries: (B, Q, H) the hidden states to attend from, some of x's rows (all of x when None)
         p, H = (self.attn_dropout if self.training else 0.0), x.size(-1)
         if queries is None:
-            qkv = self.qkv(x)                                                            # (B, T, 3H)
-            return self.out(attention(qkv[..., :H], qkv[..., H:], self.n_head, mask, p))  # (B, T, H)
-        w, b = self.qkv.weight, self.qkv.bias
-        q = F.linear(queries, w[:H], b[:H])                                            # (B, Q, H)
-        kv = F.linear(x, w[H:], b[H:])                                                 # (B, T, 2H)
-        return self.out(attention(q, kv, self.n_head, mask, p))                        # (B, Q, H)
+            q, k, v = self.qkv(x).split(H, dim=2)                                      # 3 x (B, T, H)
+            return self.out(attention(q, k, v, self.n_head, mask, p))                  # (B, T, H)
+        (wq, wkv), (bq, bkv) = self.qkv.weight.split([H, 2 * H]), self.qkv.bias.split([H, 2 * H])
+        q = F.linear(queries, wq, bq)                                                  # (B, Q, H)
+        k, v = F.linear(x, wkv, bkv).split(H, dim=2)                                   # 2 x (B, T, H)
+        return self.out(attention(q, k, v, self.n_head, mask, p))                      # (B, Q, H)
 
 
 class EncoderLayer(nn.Module):

@@ -213,8 +213,9 @@ def test_attention_from_some_queries_equals_the_full_attention_at_those_rows(mon
     for per_head in (True, False):
         monkeypatch.setattr(bk, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
         for p in (0.0, 1e-12):
-            full = bk.attention(qkv[..., :H], qkv[..., H:], nh, mask, p)
-            some = bk.attention(bk.gather_rows(qkv[..., :H], rows), qkv[..., H:], nh, mask, p)
+            q, k, v = qkv.split(H, dim=2)
+            full = bk.attention(q, k, v, nh, mask, p)
+            some = bk.attention(bk.gather_rows(q, rows), k, v, nh, mask, p)
             torch.testing.assert_close(some, bk.gather_rows(full, rows), rtol=1e-5, atol=1e-6)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -301,8 +302,7 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
 
 def _attention(qkv, nh, mask, p):  # model.attention on a fused (B, T, 3H) projection
     from bertkit import model
-    H = qkv.size(-1) // 3
-    return model.attention(qkv[..., :H], qkv[..., H:], nh, mask, p)
+    return model.attention(*qkv.split(qkv.size(-1) // 3, dim=2), nh, mask, p)
 
 
 @pytest.mark.parametrize("per_head", [True, False])
