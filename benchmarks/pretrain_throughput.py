@@ -9,7 +9,7 @@ noise; each figure is the median step with its min and max. bertkit is timed fiv
 textbook's dropout 0.1 (the like-for-like figure), with its default recipe's dropout 0, with
 dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks), with the last
 layer at every position (as before its training path ran it at [CLS] and the predicted slots
-only: the same loss, a quarter fewer FLOPs on the tiny preset), and with glibc's
+only: the same loss, a fifth fewer FLOPs on the tiny preset), and with glibc's
 default malloc settings (as before bertkit's training runtime kept freed memory for reuse,
 bertkit/training/memory.py). The peers run with glibc's defaults, as their users run them, and
 d2l once more with bertkit's malloc setting, which shows how much of the lead is the allocator.

@@ -111,11 +111,11 @@ def attention(q, k, v, n_head: int, mask, dropout_p: float = 0.0):
     """softmax(q k^T / sqrt(hs) + mask) v per head, the attention probabilities dropped out at
     dropout_p. q: (B, Tq, H) the queries; k, v: (B, T, H) (views of one fused projection, split
     rather than sliced: a slice's backward zero-fills the whole projection's gradient; Tq < T
-    for queries at some positions only); mask: (B, 1, 1, T) bool or None; returns (B, Tq, H). Off a CPU, and on one without dropout, this is SDPA's fused
-    kernel; with dropout, SDPA's math path spelled out (softmax, dropout, matmuls) with
-    bertkit's dropout. Training in bf16 on a CPU takes the spelled-out path too: SDPA's CPU
-    backward in bf16 is 3x slower (tiny preset, batch 512, length 64, forward and backward: 161
-    against 52 ms; inference is not)."""
+    for queries at some positions only); mask: (B, 1, 1, T) bool or None; returns (B, Tq, H).
+    Off a CPU, and on one without dropout, this is SDPA's fused kernel; with dropout, SDPA's
+    math path spelled out (softmax, dropout, matmuls) with bertkit's dropout. Training in bf16
+    on a CPU takes the spelled-out path too: SDPA's CPU backward in bf16 is 3x slower (tiny
+    preset, batch 512, length 64, forward and backward: 161 against 52 ms; inference is not)."""
     B, Tq, H = q.shape
     T, hs = k.size(1), H // n_head
     bf16_training = q.dtype == torch.bfloat16 and q.requires_grad
@@ -129,7 +129,7 @@ def attention(q, k, v, n_head: int, mask, dropout_p: float = 0.0):
     scale = 1.0 / math.sqrt(hs)
     if B * Tq * T >= PER_HEAD_MIN:
         out = []
-        for qh, kh, vh in zip(q.split(hs, 2), k.split(hs, 2), v.split(hs, 2)):  # bmm reads each head where it lies
+        for qh, kh, vh in zip(q.split(hs, 2), k.split(hs, 2), v.split(hs, 2)):  # each head where it lies
             scores = torch.baddbmm(bias, qh, kh.transpose(1, 2), alpha=scale)     # (B, Tq, T)
             out.append(torch.bmm(dropout(scores.softmax(-1), dropout_p), vh))     # (B, Tq, hs)
         return torch.cat(out, dim=2)                                               # (B, Tq, H)
