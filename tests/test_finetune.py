@@ -331,6 +331,65 @@ def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_orde
             assert ours == theirs
 
 
+
+@pytest.mark.parametrize("task_name,pooling", [("classify", "pooler"), ("classify", "cls"), ("classify", "mean"),
+                                               ("word", None)])
+def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_result(
+        tmp_path, tiny_bert, task_name, pooling):
+    """classify with the pooler or [CLS] and word read the last layer at position 0 alone, so they
+    run it there only: loss, outputs and every gradient equal those of the full last layer (mean
+    pooling reads every position and runs it in full)."""
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.finetune import _batches
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    task = get_task(task_name)()
+    if task_name == "classify":
+        path = tmp_path / "data.csv"
+        path.write_text("text,label\n" + "".join(f'"{t}",{lab}\n' for t, lab in [
+            ("a wonderful moving film", "pos"), ("dull and far too long", "neg"), ("the best this year", "pos")]))
+    else:
+        path = tmp_path / "data.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in [{"text": "large", "word": "size"},
+                                                               {"text": "very tall", "word": "height"}]))
+    examples = task.read(path)
+    task.fit(examples, {"max_len": 32} | ({"pooling": pooling} if pooling else {}))
+    torch.manual_seed(0)
+    bert, _ = load_model(tiny_bert, heads=False)
+    model = TaskModel(bert, task.head(bert.config, bert)).eval()  # no dropout: the two runs compare
+    init_weights(model.head, bert.config)
+    tok = load_tokenizer(tiny_bert)
+    batch = next(iter(_batches(task.features(examples, tok, 32), task, tok, 8, "cpu")))
+    assert batch["attention_mask"].eq(0).any()  # padding in the batch
+    rows = []
+    bert.layers[-1].ffn_in.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[1]))
+    fast = bert.forward
+
+    def run(full: bool):
+        model.zero_grad(set_to_none=True)
+        if full:  # every position of every layer, the rows picked afterwards
+            def every_position(*args, last_layer_rows=None, **kwargs):
+                out = fast(*args, **kwargs)
+                if last_layer_rows is not None:
+                    out.sequence_output = out.sequence_output[:, :1]
+                return out
+            bert.forward = every_position
+        try:
+            loss, out = task.forward(model, batch)
+        finally:
+            bert.forward = fast
+        loss.backward()
+        return loss.detach(), out, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
+
+    loss_s, out_s, grads_s = run(False)
+    assert rows[-1] == (batch["input_ids"].size(1) if pooling == "mean" else 1)  # the last layer's rows per sequence
+    loss_p, out_p, grads_p = run(True)
+    torch.testing.assert_close(loss_s, loss_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_s, out_p, rtol=1e-5, atol=1e-6)
+    assert grads_s.keys() == grads_p.keys()
+    for name in grads_p:
+        torch.testing.assert_close(grads_s[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+
 def test_ner_decodes_the_best_valid_bio_sequence(minilm_folder):
     # the softmax says O, I-person, I-person, O word by word: an entity with no beginning. BIO
     # decoding gives the best valid sequence under the same probabilities; argmax keeps the words'

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import BertkitError
-from ..model import BertModel, BertOutput
+from ..model import BertModel, BertOutput, gather_rows
 from .onnx_runtime import HEAD_ONNX, INPUTS, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session
 
 SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model
@@ -86,10 +86,13 @@ class OnnxBert(nn.Module):
     def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxBert":
         return cls(OnnxEncoder.from_folder(folder, int8))
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None) -> BertOutput:
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, last_layer_rows=None) -> BertOutput:
         sequence, pooled = self.runtime.run(*(None if t is None else t.detach().cpu().numpy()
                                               for t in (input_ids, token_type_ids, attention_mask)))
-        return BertOutput(torch.from_numpy(sequence), torch.from_numpy(pooled))
+        sequence = torch.from_numpy(sequence)  # (B, T, H): the graph runs every position
+        if last_layer_rows is not None:
+            sequence = gather_rows(sequence, last_layer_rows)
+        return BertOutput(sequence, torch.from_numpy(pooled))
 
 
 class OnnxHead(nn.Module):

@@ -100,8 +100,11 @@ class ClassifyTask(Task):
                               self.info.get("head", "linear") == "mlp")
 
     def forward(self, model, batch):
-        out = model.bert(**bert_inputs(batch))
-        vec = pool(out.sequence_output, out.pooled_output, batch["attention_mask"], self.info.get("pooling", "pooler"))
+        pooling = self.info.get("pooling", "pooler")
+        # the pooler and [CLS] read the last layer at position 0 alone: it runs there only
+        rows = torch.zeros_like(batch["input_ids"][:, :1]) if pooling in ("pooler", "cls") else None
+        out = model.bert(**bert_inputs(batch), last_layer_rows=rows)
+        vec = pool(out.sequence_output, out.pooled_output, batch["attention_mask"], pooling)
         logits = model.head(vec).float()
         labels = batch["labels"]
         loss = F.cross_entropy(logits, labels) if (labels != -100).any() else None

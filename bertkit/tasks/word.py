@@ -81,7 +81,8 @@ class WordTask(Task):
         return WordHead(cfg, bert.embeddings.word, tied=self.info.get("tied", True))
 
     def forward(self, model, batch):
-        out = model.bert(**bert_inputs(batch))
+        # the head reads the last layer at [CLS] alone: it runs there only
+        out = model.bert(**bert_inputs(batch), last_layer_rows=torch.zeros_like(batch["input_ids"][:, :1]))
         logits = model.head(out.sequence_output[:, 0]).float()                 # (B, V)
         labels = batch["labels"]
         loss = F.cross_entropy(logits, labels, ignore_index=-100) if (labels != -100).any() else None
