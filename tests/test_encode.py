@@ -33,6 +33,19 @@ def test_padding_invariance_and_input_order(encoder):
         assert np.abs(together[i].vectors - alone.vectors).max() <= 1e-5
 
 
+def test_batches_run_longest_first(encoder):
+    lengths = []
+    hook = encoder.model.register_forward_hook(lambda m, args, kw, out: lengths.append(kw["input_ids"].size(1)),
+                                               with_kwargs=True)
+    try:
+        encoder.encode(SENTENCES, batch_size=2)
+    finally:
+        hook.remove()
+    # the first batch sizes the heap the others reuse
+    assert len(lengths) == (len(SENTENCES) + 1) // 2 and lengths == sorted(lengths, reverse=True)
+    assert lengths[0] > lengths[-1]
+
+
 def test_mean_pooling_equals_sentence_transformers_recipe(encoder, minilm_folder):
     # HF BertModel + masked mean, computed independently
     from transformers import AutoTokenizer, BertModel as HFBert

@@ -1,35 +1,33 @@
-"""The training runtime's malloc settings (bertkit/training/memory.py): a step's freed memory
-serves the next step instead of coming back from the kernel as fresh, zeroed pages."""
-import resource
+"""The malloc settings of the training runtime and the CLI (bertkit/training/memory.py): freed
+memory serves the next step or batch instead of coming back from the kernel as fresh pages."""
+import subprocess
 import sys
 
 import pytest
-import torch
 
+
+FAULTS = """
+import resource, sys, torch
 from bertkit.training.memory import keep_freed_memory
-
-
-def _faults_of_allocations(n: int = 5, warm: int = 10, mb: int = 64) -> int:
-    """Page faults while allocating, filling and freeing n tensors above glibc's mmap threshold,
-    after `warm` such steps (the heap's free lists settle: torch's aligned allocations do not
-    always fit the block freed just before)."""
-    for i in range(warm + n):
-        if i == warm:
-            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        x = torch.empty(mb << 18).fill_(1.0)
-        del x
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+assert keep_freed_memory(sys.argv[1] == "kept")
+# page faults while allocating, filling and freeing 5 tensors above glibc's mmap threshold, after
+# 10 such steps (the heap's free lists settle: torch's aligned allocations do not always fit the
+# block freed just before)
+for i in range(15):
+    if i == 10:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    x = torch.empty(64 << 18).fill_(1.0)
+    del x
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
-    try:
-        assert keep_freed_memory(False)
-        default = _faults_of_allocations()
-        assert keep_freed_memory(True)
-        kept = _faults_of_allocations()
-    finally:
-        keep_freed_memory(True)  # what every training process in this test session sets anyway
+    # each setting in a fresh process: this one's heap holds what earlier tests freed, which
+    # would serve the allocations under either setting
+    default, kept = (int(subprocess.run([sys.executable, "-c", FAULTS, setting], capture_output=True, text=True,
+                                        check=True).stdout) for setting in ("default", "kept"))
     # glibc's defaults map each 64 MB tensor afresh (16 k pages, or 32 huge ones); kept, the
     # heap already holds it
     assert kept * 4 < default, (kept, default)
@@ -41,3 +39,19 @@ def test_training_processes_on_a_cpu_keep_freed_memory(monkeypatch):
     monkeypatch.setattr(distributed, "keep_freed_memory", lambda on=True: calls.append(on) or True)
     procs = distributed.init_processes()
     assert calls == ([True] if procs.device.type == "cpu" else [])
+
+
+def test_model_running_commands_keep_freed_memory(monkeypatch, tmp_path):
+    from bertkit import cli
+    calls = []
+    monkeypatch.setattr(cli, "keep_freed_memory", lambda on=True: calls.append(on) or True)
+    # set before the command runs: an option error after it still shows the call
+    for command in (["encode", "--model", str(tmp_path), "--input", "x.txt", "--output", "x.txt"],
+                    ["predict", "classify", "--model", str(tmp_path), "a text"],
+                    ["fill-mask", "--model", str(tmp_path), "a [MASK]"]):
+        calls.clear()
+        cli.main(command)
+        assert calls == [True], command
+    calls.clear()
+    assert cli.main(["data", "list"]) == 0
+    assert calls == []  # no model runs: glibc's defaults stay

@@ -1,4 +1,5 @@
-"""Freed memory kept for reuse: glibc's malloc settings for training processes on a CPU.
+"""Freed memory kept for reuse: glibc's malloc settings for training and inference processes
+on a CPU (the training runtime and the CLI's model-running commands set them).
 
 A training step allocates and frees the same large activations and gradients every step.
 glibc's malloc serves requests above its mmap threshold (32 MB at most) with fresh pages from
@@ -7,6 +8,8 @@ the same memory again on the next step. On the tiny preset at batch 512, length 
 page faults per step (`benchmarks/pretrain_throughput.py` measures the step both ways). Serving
 every allocation from the heap and never trimming it keeps the memory a step frees for the next
 one; the process keeps its peak heap for its lifetime, as a long training run would anyway.
+Inference batches do the same on a smaller scale: `bertkit encode` on 4,096 reviews with MiniLM
+faulted 0.7-1.0 M pages with glibc's defaults and 0.15 M with these settings.
 """
 from __future__ import annotations
 
