@@ -7,7 +7,8 @@ mean pooling, each peer a fresh process timed from start to the written .npy:
 - ONNX Runtime on the same exported graph with length-sorted batches of 32 and the HF tokenizer.
 
 Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
-figure is the median of the rounds, with min and max. All outputs are checked against
+figure is the median of the rounds, with min and max, and bertkit's speed-up over each peer is
+also given round by round (peers of one round ran minutes apart at most). All outputs are checked against
 bertkit's PyTorch vectors (max abs difference reported).
 
     .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 4096]
