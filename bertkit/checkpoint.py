@@ -6,7 +6,6 @@ ever unpickled.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
@@ -111,23 +110,6 @@ def _normalised_names(raw: dict[str, torch.Tensor]) -> dict[str, str]:
     return {k: k if k.startswith("cls.") else "bert." + k for k in raw}
 
 
-@contextlib.contextmanager
-def _without_random_init():
-    """Linear, Embedding and LayerNorm modules built with their parameters allocated but not
-    drawn: load_model replaces every one of them (for MiniLM the draws took 0.2 s, a tenth of
-    `bertkit encode`'s start-up). As transformers' no_init_weights does; not thread-safe, so
-    held only while one model is built."""
-    classes = (torch.nn.Linear, torch.nn.Embedding, torch.nn.LayerNorm)
-    saved = [cls.__dict__["reset_parameters"] for cls in classes]
-    for cls in classes:
-        cls.reset_parameters = lambda self: None
-    try:
-        yield
-    finally:
-        for cls, method in zip(classes, saved):
-            cls.reset_parameters = method
-
-
 def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     """A model folder -> BertForPreTraining (heads=True) or BertModel, in eval mode.
 
@@ -140,8 +122,7 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     raw = _read_weights(folder)
     file_names = {norm: name for name, norm in _normalised_names(raw).items()}
     hf = {norm: raw[name] for norm, name in file_names.items()}
-    with _without_random_init():  # every weight is loaded or initialised below (checked after loading)
-        model = BertForPreTraining(cfg) if heads else BertModel(cfg)
+    model = BertForPreTraining(cfg) if heads else BertModel(cfg)
     target = model.state_dict()
     wanted = name_map(cfg, heads=True)
     have_heads = all(t in hf for theirs in HEADS_MAP.values() for t in theirs)
@@ -174,11 +155,7 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
             print(f"bertkit: {folder} has no MLM/NSP heads (cls.*); initialised them, "
                   "the MLM decoder tied to the word embeddings", file=sys.stderr)
     # strict=False only because the tied decoder weight and skipped heads are not in `state`
-    missing = model.load_state_dict(state, strict=False).missing_keys
-    initialised = ("mlm.", "nsp.") if heads and not have_heads else ()  # startswith(()) is False
-    unset = [k for k in missing if k != "mlm.decoder_weight" and not k.startswith(initialised)]
-    if unset:  # built without initialisation, such a tensor would hold whatever memory held
-        raise BertkitError(f"{folder / WEIGHTS}: internal error, tensors not loaded: {', '.join(unset)}")
+    model.load_state_dict(state, strict=False)
     extra = {file_names[k]: v for k, v in hf.items() if k not in used}
     model.eval()
     return model, extra
