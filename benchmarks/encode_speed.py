@@ -8,8 +8,8 @@ mean pooling, each peer a fresh process timed from start to the written .npy:
 
 Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
 figure is the median of the rounds, with min and max, and bertkit's speed-up over each peer is
-also given round by round (peers of one round ran minutes apart at most). All outputs are checked against
-bertkit's PyTorch vectors (max abs difference reported).
+also given round by round (peers of one round ran minutes apart at most). All outputs are
+checked against bertkit's PyTorch vectors (max abs difference reported).
 
     .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 4096]
 """

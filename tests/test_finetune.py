@@ -331,7 +331,6 @@ def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_orde
             assert ours == theirs
 
 
-
 @pytest.mark.parametrize("task_name,pooling", [("classify", "pooler"), ("classify", "cls"), ("classify", "mean"),
                                                ("word", None)])
 def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_result(
@@ -389,6 +388,7 @@ def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_
     assert grads_s.keys() == grads_p.keys()
     for name in grads_p:
         torch.testing.assert_close(grads_s[name], grads_p[name], rtol=1e-4, atol=1e-6, msg=name)
+
 
 def test_ner_decodes_the_best_valid_bio_sequence(minilm_folder):
     # the softmax says O, I-person, I-person, O word by word: an entity with no beginning. BIO
