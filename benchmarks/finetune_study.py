@@ -35,10 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from finetune_vs_transformers import RUNS, _cap, hf_finetune  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 from bertkit.data.registry import export  # noqa: E402
 from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
-from bertkit.training.distributed import amx_bf16  # noqa: E402
 
 # The settings every change starts from: bertkit's defaults before the study (classify with 2
 # epochs), spelled out so that a rerun gives the same table whatever the defaults are now.
@@ -123,17 +123,6 @@ def part_of(run: str, setting: str) -> str:
 
 # entries from before this field was written: an earlier session, CPU not recorded
 EARLIER_CPU = "an earlier session (CPU not recorded)"
-
-
-def cpu_name() -> str:
-    """This machine's CPU as /proc/cpuinfo names it, and whether it has AMX (bf16 matrix tiles)."""
-    name = platform.processor() or platform.machine()
-    try:
-        name = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{name} ({'AMX' if amx_bf16() else 'no AMX'})"
 
 
 def run_one(run: str, setting: str, seed: int, model_dir: Path, data: Path, cap: int, work: Path) -> dict:

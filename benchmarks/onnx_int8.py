@@ -20,6 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from finetune_vs_transformers import _cap  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 from bertkit.data.registry import export as export_data  # noqa: E402
 from bertkit.inference.export import ONNX_INT8, OnnxBert, OnnxHead, HEAD_ONNX, export  # noqa: E402
@@ -59,7 +60,7 @@ def main():
         table[name] = {"accuracy": r["metrics"]["accuracy"], "macro_f1": r["metrics"]["macro_f1"],
                        "eval_seconds": r["seconds"], "max_prob_change": float(np.abs(r["probs"] - ref).max()),
                        "flipped": int((r["probs"].argmax(1) != ref.argmax(1)).sum()), "examples": len(ref)}
-    result = {"machine": platform.machine(), "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
+    result = {"machine": platform.machine(), "cpu": cpu_name(), "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
               "export": {k: v for k, v in report.items() if "diff" in k}, "runs": table,
               "sizes_mb": {f.name: f.stat().st_size / 1e6 for f in (work / "onnx").glob("*.onnx")}}
     Path(args.out).mkdir(parents=True, exist_ok=True)

@@ -5,9 +5,12 @@ Runs `bertkit pretrain --out DIR` (nothing else), or reads a finished run of tha
 (--from DIR), and writes benchmarks/results/pretrain_default_run.json (the final figures,
 the held-out curve, the fill-mask and "crane" examples, the earlier default runs kept for
 reference) and docs/pretrain-default-10min.png (held-out accuracy at [MASK] and MLM loss
-against wall time, the switch to full-length pairs marked).
+against wall time, the switch to full-length pairs marked). `--pretrain-args` probes another
+recipe the same way (whole command, data preparation in the budget), `--result` and `--plot`
+put it elsewhere: the AMD EPYC's runs are in results/pretrain_default_run_epyc.json.
 
-    .venv/bin/python benchmarks/pretrain_default_run.py [--from runs/pretrain-...]
+    .venv/bin/python benchmarks/pretrain_default_run.py [--from runs/pretrain-...] [--result J] [--plot P]
+        [--pretrain-args "--batch-size 32"]
 """
 from __future__ import annotations
 
@@ -18,8 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-RESULT = Path("benchmarks/results/pretrain_default_run.json")
-PLOT = Path("docs/pretrain-default-10min.png")
+from machine import cpu_name
+
+RESULT = "benchmarks/results/pretrain_default_run.json"
+PLOT = "docs/pretrain-default-10min.png"
 
 
 def plot(records: list[dict], path: Path) -> None:
@@ -57,25 +62,35 @@ def plot(records: list[dict], path: Path) -> None:
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--from", dest="run", help="a finished `bertkit pretrain --out DIR` run to read")
+    ap.add_argument("--from", dest="run", help="a finished `bertkit pretrain --out DIR` run to read, on the machine "
+                                                  "that ran it (its CPU is recorded)")
+    ap.add_argument("--result", default=RESULT, help="the JSON to write (the runs it held are kept as earlier runs)")
+    ap.add_argument("--plot", default=PLOT)
+    ap.add_argument("--pretrain-args", default="", help="options for `bertkit pretrain` beyond --out (a probe of "
+                                                        "another recipe; with --from, the options that run had)")
     args = ap.parse_args()
+    result_path, plot_path = Path(args.result), Path(args.plot)
     run = Path(args.run) if args.run else Path(time.strftime("runs/default-%Y%m%d-%H%M%S"))
     if not args.run:
-        subprocess.run([sys.executable, "-m", "bertkit", "pretrain", "--out", str(run)], check=True)
+        subprocess.run([sys.executable, "-m", "bertkit", "pretrain", "--out", str(run), *args.pretrain_args.split()],
+                       check=True)
     config = json.loads((run / "pretrain_config.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     earlier = []
-    if RESULT.exists():
-        old = json.loads(RESULT.read_text())
+    if result_path.exists():
+        old = json.loads(result_path.read_text())
         earlier = old.get("earlier_default_runs", [old.get("earlier_default_run")] if old.get("earlier_default_run") else [])
-        earlier = [{k: old[k] for k in ("command", "date", "elapsed_s", "steps", "pairs_per_s", "final_eval")
+        earlier = [{k: old[k] for k in ("command", "date", "cpu", "precision", "elapsed_s", "steps", "pairs_per_s",
+                                        "final_eval")
                     if k in old}, *earlier]
     result = {
-        "command": "bertkit pretrain (no arguments)",
+        "command": f"bertkit pretrain {args.pretrain_args}" if args.pretrain_args else "bertkit pretrain (no arguments)",
         "recipe": {k: config[k] for k in ("recipe", "budget", "batch_size", "max_len", "short_len", "short_share", "lr",
                                           "warmup", "mask_prob", "dropout", "nsp_weight")},
         "date": time.strftime("%Y-%m-%d"),
+        "cpu": cpu_name(),  # so read a run (--from) on the machine that made it
+        "precision": summary["precision"],
         "elapsed_s": summary["elapsed_s"], "steps": summary["steps"], "pairs_seen": summary["pairs_seen"],
         "pairs_per_s": summary["pairs_per_s"],
         "final_train": summary["final_train"], "final_eval": summary["final_eval"],
@@ -85,8 +100,8 @@ def main():
                        for r in records if "eval_mlm_acc" in r],
         "earlier_default_runs": earlier,
     }
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
-    plot(records, PLOT)
+    result_path.write_text(json.dumps(result, indent=2) + "\n")
+    plot(records, plot_path)
     e = summary["final_eval"]
     print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; held-out at [MASK]: top-1 {e['eval_mlm_acc']:.3f}, "
           f"top-5 {e['eval_mlm_top5']:.3f}, MLM loss {e['eval_mlm_loss']:.3f}")

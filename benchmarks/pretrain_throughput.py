@@ -54,6 +54,7 @@ from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
 from bertkit.training.distributed import amx_bf16
 from bertkit.training.memory import keep_freed_memory
+from machine import cpu_name
 
 
 def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32) -> float:
@@ -305,7 +306,7 @@ def main():
     speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
     result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
                           f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU (bf16 autocast where a row says so)",
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(), "cpu": cpu_name(),
               "matmul_peak_gflop_s": peak, "bf16_matmul_peak_gflop_s": bf16_peak, "steps": args.steps, "results": rows,
               "speedup_vs_transformers": speed("bertkit", "transformers"),
               "speedup_vs_d2l": speed("bertkit", "d2l BERTModel (textbook)"),
