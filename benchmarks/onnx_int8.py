@@ -60,7 +60,8 @@ def main():
         table[name] = {"accuracy": r["metrics"]["accuracy"], "macro_f1": r["metrics"]["macro_f1"],
                        "eval_seconds": r["seconds"], "max_prob_change": float(np.abs(r["probs"] - ref).max()),
                        "flipped": int((r["probs"].argmax(1) != ref.argmax(1)).sum()), "examples": len(ref)}
-    result = {"machine": platform.machine(), "cpu": cpu_name(), "threads": torch.get_num_threads(), "date": time.strftime("%Y-%m-%d"),
+    result = {"machine": platform.machine(), "cpu": cpu_name(), "threads": torch.get_num_threads(),
+              "date": time.strftime("%Y-%m-%d"),
               "export": {k: v for k, v in report.items() if "diff" in k}, "runs": table,
               "sizes_mb": {f.name: f.stat().st_size / 1e6 for f in (work / "onnx").glob("*.onnx")}}
     Path(args.out).mkdir(parents=True, exist_ok=True)
