@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -72,8 +73,8 @@ def main():
     result_path, plot_path = Path(args.result), Path(args.plot)
     run = Path(args.run) if args.run else Path(time.strftime("runs/default-%Y%m%d-%H%M%S"))
     if not args.run:
-        subprocess.run([sys.executable, "-m", "bertkit", "pretrain", "--out", str(run), *args.pretrain_args.split()],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "bertkit", "pretrain", "--out", str(run),
+                        *shlex.split(args.pretrain_args)], check=True)
     config = json.loads((run / "pretrain_config.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -85,7 +86,8 @@ def main():
                                         "final_eval")
                     if k in old}, *earlier]
     result = {
-        "command": f"bertkit pretrain {args.pretrain_args}" if args.pretrain_args else "bertkit pretrain (no arguments)",
+        "command": f"bertkit pretrain {args.pretrain_args}".strip() if args.pretrain_args
+                   else "bertkit pretrain (no arguments)",
         "recipe": {k: config[k] for k in ("recipe", "budget", "batch_size", "max_len", "short_len", "short_share", "lr",
                                           "warmup", "mask_prob", "dropout", "nsp_weight")},
         "date": time.strftime("%Y-%m-%d"),

@@ -154,7 +154,8 @@ def main():
               f"top-5 {final['eval_mlm_top5']:.3f}, loss {final['eval_mlm_loss']:.3f}", flush=True)
         Path(args.out).mkdir(parents=True, exist_ok=True)
         results_path.write_text(json.dumps({
-            "budget": args.budget, "machine": platform.machine(), "cpu": cpu_name(), "threads": torch.get_num_threads(),
+            "budget": args.budget, "machine": platform.machine(), "cpu": cpu_name(),
+            "threads": torch.get_num_threads(),
             "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "recipes": results}, indent=2) + "\n")
     plot(results, Path(args.plot), args.budget)
     print("\n| recipe | precision | steps | pairs/s | held-out top-1 at [MASK] | top-5 | random-token pos. | unchanged pos. "

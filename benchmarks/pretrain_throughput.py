@@ -306,7 +306,8 @@ def main():
     speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
     result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
                           f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU (bf16 autocast where a row says so)",
-              "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(), "cpu": cpu_name(),
+              "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
+              "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
               "matmul_peak_gflop_s": peak, "bf16_matmul_peak_gflop_s": bf16_peak, "steps": args.steps, "results": rows,
               "speedup_vs_transformers": speed("bertkit", "transformers"),
               "speedup_vs_d2l": speed("bertkit", "d2l BERTModel (textbook)"),

