@@ -239,8 +239,9 @@ class WordPieceTokenizer:
         specials = 3 if pairs is not None else 2
         if max_len <= specials:
             raise BertkitError(f"max length {max_len} leaves no room for text beside the special tokens")
+        cut_texts, cut_pairs = self._cut_long(texts, pairs, max_len - specials)
         self.tok.enable_truncation(max_len, strategy="longest_first")
-        encs = self.tok.encode_batch(list(zip(texts, pairs)) if pairs is not None else texts)
+        encs = self.tok.encode_batch(list(zip(cut_texts, cut_pairs)) if pairs is not None else cut_texts)
         cut = [i for i, e in enumerate(encs) if e.overflowing]
         if cut:
             if not truncation:
@@ -253,6 +254,38 @@ class WordPieceTokenizer:
             warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {max_len} tokens were "
                           f"truncated (first: text {cut[0]})", stacklevel=3)
         return encs
+
+    def _cut_long(self, texts: list[str], pairs: list[str] | None, budget: int):
+        """Texts cut after the tokens that truncation to `budget` can keep, plus one or two.
+
+        `tokenizers` truncation keeps every cut-off window as an overflowing encoding, and for a
+        pair every combination of the two texts' windows: a pair of two 100 k-character texts
+        at max_len 128 took 35 s and a pair of 200 k-character ones ran out of 24 GiB. Cut first
+        (at a token's end: WordPiece's greedy longest match gives a prefix of the text the same
+        first tokens), the truncating encode gives the same result, overflow included: a text
+        keeps budget + 1 tokens, so truncation still happens, and of a pair the longer one keeps
+        one more, so longest-first still sees which is longer. Only texts with more characters
+        than that can have that many tokens (a Hangul syllable is up to 3 pieces after NFD, so
+        shorter texts are left whole: correct, if not cut)."""
+        limit = budget + 2
+        long = [i for i, t in enumerate(texts) if len(t) > limit or (pairs is not None and len(pairs[i]) > limit)]
+        if not long or not isinstance(self.tok.model, models.WordPiece):
+            return texts, pairs
+        self.tok.no_truncation()
+        raw = lambda strings: self.tok.encode_batch(strings, add_special_tokens=False)  # noqa: E731
+        firsts = raw([texts[i] for i in long])
+        seconds = raw([pairs[i] for i in long]) if pairs is not None else [None] * len(long)
+        texts, pairs = list(texts), (list(pairs) if pairs is not None else None)
+        for i, a, b in zip(long, firsts, seconds):
+            if b is None:
+                texts[i] = _cut_after(texts[i], a, budget + 1)
+                continue
+            n1, n2 = len(a.ids), len(b.ids)
+            t1, t2 = _cut_after(texts[i], a, budget + 1 + (n1 > n2)), _cut_after(pairs[i], b, budget + 1 + (n2 > n1))
+            m1, m2 = (len(e.ids) for e in raw([t1, t2]))
+            if (m1 > m2, m1 < m2) == (n1 > n2, n1 < n2) and m1 + m2 > budget or n1 + n2 <= budget:
+                texts[i], pairs[i] = t1, t2  # one char can be several pieces: only if the order holds
+        return texts, pairs
 
     def pad(self, encs: Sequence[Encoding], tensors: str = "pt") -> Batch:
         """Pad encodings to the longest of them; tensors "pt" (torch) or "np" (numpy int64)."""
@@ -279,6 +312,11 @@ class WordPieceTokenizer:
         """Word pieces of one text, without special tokens, whole (never truncated)."""
         self.tok.no_truncation()
         return self.tok.encode(text, add_special_tokens=False).tokens
+
+
+def _cut_after(text: str, enc: Encoding, keep: int) -> str:
+    """text up to the end of its token number `keep` (enc: its tokens, no specials)."""
+    return text if len(enc.ids) <= keep else text[:enc.offsets[keep - 1][1]]
 
 
 def check_vocab_fits(tokenizer: WordPieceTokenizer, cfg: BertConfig, folder: str | Path) -> None:

@@ -144,6 +144,7 @@ procs = init_processes()
 grads, loss = _grads(Path(sys.argv[2]), Path(sys.argv[3]), 2, procs)
 if procs.main:
     torch.save({"grads": grads, "loss": loss}, Path(sys.argv[4]) / "ddp.pt")
+dist.barrier()  # no rank tears its group down while another still uses it
 dist.destroy_process_group()
 '''
 
@@ -193,6 +194,7 @@ feats = task.features(examples, tok, task.info["max_len"])
 result = _evaluate(task, model, feats, examples, tok, 4, procs)
 if procs.main:
     Path(sys.argv[3]).write_text(json.dumps(result[0]))
+dist.barrier()  # no rank tears its group down while another still uses it
 dist.destroy_process_group()
 '''
 

@@ -273,6 +273,7 @@ dist.all_reduce(stats)
 if rank == 0:
     torch.save({"grads": {k.removeprefix("module."): v for k, v in grads.items()}, "stats": stats},
                Path(sys.argv[4]) / "ddp.pt")
+dist.barrier()  # no rank tears its group down while another still uses it
 dist.destroy_process_group()
 '''
 

@@ -71,6 +71,69 @@ def test_truncation_warns_or_errors(minilm_tok):
     assert b.tokens[0][-4:] == ["a", "short", "question", "[SEP]"]
 
 
+# words whose pieces and offsets are awkward: accents (precomposed and combining), Hangul (one
+# syllable, up to 3 pieces after NFD), CJK (a token per character), [MASK], a 120-letter word
+# ([UNK] whole), punctuation runs, emoji and digits
+AWKWARD = ["the", "crane", "unbelievable", "caf\u00e9", "cafe\u0301", "\ud55c\uad6d\uc5b4", "\u4e2d\u6587\u5b57",
+           "[MASK]", "x" * 120, "...!?", "\U0001f600", "1,234.5", "naïveté", "Straße", "\u0130stanbul"]
+
+
+def _plain(tok, monkeypatch):
+    """The same tokenizer without the cut that long texts get first."""
+    monkeypatch.setattr(tok, "_cut_long", lambda texts, pairs, budget: (texts, pairs))
+    return tok
+
+
+@pytest.mark.parametrize("cased", [False, True])
+def test_long_texts_cut_first_encode_as_whole_ones(minilm_folder, tmp_path, monkeypatch, cased):
+    """Long texts (pairs above all) are cut after the tokens truncation can keep before the
+    truncating encode: the same ids, segments, pieces, offsets and warnings as encoding them whole."""
+    import random
+    folder = minilm_folder
+    if cased:
+        (tmp_path / "vocab.txt").write_bytes((minilm_folder / "vocab.txt").read_bytes())
+        (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
+        folder = tmp_path
+    fast, plain = WordPieceTokenizer.from_folder(folder), _plain(WordPieceTokenizer.from_folder(folder), monkeypatch)
+    rng = random.Random(0)
+    text = lambda n: " ".join(rng.choice(AWKWARD) for _ in range(n))  # noqa: E731
+    cases = 0
+    for max_len in (5, 8, 13, 32):
+        for _ in range(60):
+            a = [text(rng.randint(0, 3 * max_len)) for _ in range(3)]
+            b = [text(rng.randint(0, 3 * max_len)) for _ in range(3)]
+            b[0] = a[0]  # equal lengths: longest-first's tie
+            for pairs in (None, b):
+                with warnings.catch_warnings(record=True) as w1:
+                    warnings.simplefilter("always")
+                    got = fast.encode(a, pairs, max_len=max_len)
+                with warnings.catch_warnings(record=True) as w2:
+                    warnings.simplefilter("always")
+                    want = plain.encode(a, pairs, max_len=max_len)
+                assert got.input_ids.tolist() == want.input_ids.tolist()
+                assert got.token_type_ids.tolist() == want.token_type_ids.tolist()
+                assert (got.tokens, got.offsets, got.sequence_ids) == (want.tokens, want.offsets, want.sequence_ids)
+                assert [str(x.message) for x in w1] == [str(x.message) for x in w2]
+                errors = []
+                for tok in (fast, plain):  # too long without truncation: the same error
+                    with pytest.raises(BertkitError) as e:
+                        tok.encode(a + ["word " * max_len], pairs and b + ["x"], max_len=max_len, truncation=False)
+                    errors.append(str(e.value))
+                assert errors[0] == errors[1]
+                cases += bool(w2)
+    assert cases > 200  # most cases truncate
+
+
+def test_a_pair_of_long_texts_keeps_few_overflowing_windows(minilm_tok):
+    """Truncating two 200 k-character texts whole kept every combination of their windows (OOM at
+    24 GiB); cut first, a handful are left."""
+    long_text = " ".join(["unbelievable", "crane", "caf\u00e9"] * 20_000)
+    with pytest.warns(UserWarning, match="truncated"):
+        encs = minilm_tok.encode_unpadded([long_text, "short"], [long_text, long_text], max_len=128)
+    assert [len(e.ids) for e in encs] == [128, 128] and encs[1].tokens[1:3] == ["short", "[SEP]"]
+    assert all(len(e.overflowing) <= 8 for e in encs)  # whole: about 1,000 x 1,000
+
+
 def test_bad_inputs(minilm_tok, tmp_path):
     with pytest.raises(BertkitError, match="empty"):
         minilm_tok.encode([])
