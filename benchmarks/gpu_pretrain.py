@@ -7,6 +7,8 @@ implementations so that both see the same machine. Prints sequences/s and MFU (m
 step, counted by FlopCounterMode, over the time taken, against the measured bf16 matmul peak).
 
     benchmarks/gpu.sh            # exits 0 with a message where there is no GPU
+    .venv/bin/python benchmarks/gpu_pretrain.py --device cpu --preset tiny --batch-size 8 --steps 2
+                                 # a smoke run of the script itself, where there is no GPU
 """
 from __future__ import annotations
 
@@ -22,16 +24,21 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def matmul_peak(device, n: int = 8192, repeats: int = 20) -> float:
     a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize()
+    sync(device)
     t = time.perf_counter()
     for _ in range(repeats):
         a @ b
-    torch.cuda.synchronize()
+    sync(device)
     return 2 * n ** 3 * repeats / (time.perf_counter() - t) / 1e12
 
 
@@ -54,8 +61,10 @@ def main():
     ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--preset", default="base")
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke run of this script where there is no GPU")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("benchmarks/gpu_pretrain.py: no GPU visible to torch here; nothing to measure")
         return
     from transformers import BertForPreTraining as HF
@@ -65,9 +74,9 @@ def main():
     from bertkit.model import init_weights
     from bertkit.optim import adamw
 
-    device = torch.device("cuda")
+    device = torch.device(args.device)
     torch.backends.cuda.matmul.allow_tf32 = True
-    cfg = BertConfig.preset("base")
+    cfg = BertConfig.preset(args.preset)
     torch.manual_seed(0)
     ours = BertForPreTraining(cfg)
     init_weights(ours, cfg)
@@ -78,7 +87,7 @@ def main():
     batches = [batch(cfg.vocab_size, B, T, P, device, s) for s in range(args.steps + 3)]
 
     def bertkit_step(model, opt, b):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], mlm_positions=b["mlm_positions"],
                         mlm_labels=b["mlm_labels"], nsp_labels=b["nsp_labels"])
         out.loss.backward()
@@ -86,7 +95,7 @@ def main():
         opt.zero_grad(set_to_none=True)
 
     def hf_step(model, opt, b):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
+        with torch.autocast(device.type, dtype=torch.bfloat16):
             out = model(input_ids=b["input_ids"], token_type_ids=b["token_type_ids"],
                         attention_mask=b["attention_mask"], labels=b["hf_labels"], next_sentence_label=b["nsp_labels"])
         out.loss.backward()
@@ -101,7 +110,7 @@ def main():
         compiled = torch.compile(model)
         runs[name + " + compile"] = (compiled, adamw(model, 1e-4, 0.01), step)
         step(compiled, runs[name + " + compile"][1], batches[0])  # compile now, timed apart
-        torch.cuda.synchronize()
+        sync(device)
         runs[name + " + compile"] += (time.perf_counter() - t,)
     flops = {}
     for name, (model, opt, step, *_) in runs.items():
@@ -116,14 +125,15 @@ def main():
     times = {name: [] for name in runs}
     for b in batches[3:]:
         for name, (model, opt, step, *_) in runs.items():
-            torch.cuda.synchronize()
+            sync(device)
             t = time.perf_counter()
             step(model, opt, b)
-            torch.cuda.synchronize()
+            sync(device)
             times[name].append(time.perf_counter() - t)
-    peak = matmul_peak(device)
+    peak = matmul_peak(device, 8192 if device.type == "cuda" else 1024)
+    device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = {}
-    print(f"{torch.cuda.get_device_name()}: bf16 matmul peak {peak:.0f} TFLOP/s (measured); BERT-base, "
+    print(f"{device_name}: bf16 matmul peak {peak:.1f} TFLOP/s (measured); {args.preset} preset, "
           f"batch {B}, length {T}, bf16 autocast, fused AdamW, SDPA")
     print(f"{'':26}{'seq/s':>9}{'ms/step':>9}{'TFLOP/step':>12}{'MFU':>7}{'compile s':>11}")
     for name, ts in times.items():
@@ -137,7 +147,7 @@ def main():
               f"{'' if r['compile_s'] is None else format(r['compile_s'], '11.0f')}")
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "gpu_pretrain.json").write_text(json.dumps({
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "peak_tflop_s": peak,
+        "device": device_name, "preset": args.preset, "torch": torch.__version__, "peak_tflop_s": peak,
         "batch_size": B, "max_len": T, "results": rows}, indent=2) + "\n")
 
 
