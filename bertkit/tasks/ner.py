@@ -99,7 +99,8 @@ class NerTask(Task):
             missing = [w for w in range(len(ex["words"])) if w not in seen]
             # a missing word after the last one seen in a truncated sentence was cut off;
             # any other missing word tokenized to nothing
-            cut_here = sum(1 for w in missing if e.overflowing and w > last)
+            # (`overflowing` builds every cut-off window anew at each read: once per sentence)
+            cut_here = sum(1 for w in missing if w > last) if missing and e.overflowing else 0
             cut += cut_here > 0
             empty += len(missing) - cut_here
             labels = [-100] * len(e.ids)

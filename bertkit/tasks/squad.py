@@ -132,7 +132,8 @@ def make_windows(examples: list[QAExample], tokenizer: WordPieceTokenizer, max_l
     cencs = tok.encode_batch([e.context for e in examples], add_special_tokens=False)
     f = QAFeatures(pad_id=tokenizer.pad_id)
     for n, (ex, qe, ce) in enumerate(zip(examples, qencs, cencs)):
-        q = qe.ids[:max_query_len]
+        # an Encoding's ids and offsets are copied out at each read: read them once, not per window
+        q, ids, offsets = qe.ids[:max_query_len], ce.ids, ce.offsets
         room = max_len - len(q) - 3                 # context tokens per window
         k = len(q) + 2                              # index of the first context token in a window
         ts = te = None                              # the first answer in context-token indices
@@ -140,22 +141,22 @@ def make_windows(examples: list[QAExample], tokenizer: WordPieceTokenizer, max_l
             text, s = ex.answers[0]["text"], ex.answers[0]["answer_start"]
             e = s + len(text.rstrip())
             s += len(text) - len(text.lstrip())     # whitespace at the edges has no token
-            ts = bisect_right([o[1] for o in ce.offsets], s)       # first token ending after s
-            te = bisect_left([o[0] for o in ce.offsets], e) - 1    # last token starting before e
+            ts = bisect_right([o[1] for o in offsets], s)          # first token ending after s
+            te = bisect_left([o[0] for o in offsets], e) - 1       # last token starting before e
             if ts > te:  # only characters the normalizer deletes: no token to point at
                 raise BertkitError(f"question {ex.id}: answer {text!r} has no tokens after tokenization")
         a = 0
         while True:
-            b = min(a + room, len(ce.ids))
-            f.input_ids.append([tokenizer.cls_id] + q + [tokenizer.sep_id] + ce.ids[a:b] + [tokenizer.sep_id])
+            b = min(a + room, len(ids))
+            f.input_ids.append([tokenizer.cls_id] + q + [tokenizer.sep_id] + ids[a:b] + [tokenizer.sep_id])
             f.token_type_ids.append([0] * k + [1] * (b - a + 1))
             f.attention_mask.append([1] * (k + b - a + 1))
-            f.offsets.append([None] * k + list(ce.offsets[a:b]) + [None])
+            f.offsets.append([None] * k + offsets[a:b] + [None])
             f.example_index.append(n)
             inside = ts is not None and a <= ts and te < b
             f.start_positions.append(k + ts - a if inside else 0)
             f.end_positions.append(k + te - a if inside else 0)
-            if b == len(ce.ids):
+            if b == len(ids):
                 break
             a += room - doc_stride
     return f
