@@ -105,6 +105,21 @@ def test_label_alignment_on_words_split_into_pieces(minilm_folder):
     assert all(not pieces[s].startswith("##") for s in f["word_starts"])
 
 
+def test_classify_features_of_a_text_do_not_depend_on_the_others_in_the_call(minilm_folder):
+    """The server joins requests with and without text_pair into one call: a single text stays
+    [CLS] A [SEP] (it once became [CLS] A [SEP] [SEP], a pair with an empty second text)."""
+    from bertkit.tasks.classify import ClassifyTask
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    task = ClassifyTask()
+    task.info["labels"] = ["neg", "pos"]
+    single = {"text": "a fine film", "text_pair": None}
+    pair = {"text": "a fine film", "text_pair": "it was fine"}
+    alone = [task.features([x], tok, 32)[0] for x in (single, pair)]
+    mixed = task.features([pair, single, pair], tok, 32)
+    assert mixed == [alone[1], alone[0], alone[1]]
+    assert [tok.id_to_token(i) for i in alone[0]["input_ids"]] == ["[CLS]", "a", "fine", "film", "[SEP]"]
+
+
 @pytest.mark.parametrize("task_name", ["ner", "tag"])
 @pytest.mark.parametrize("invisible", ["\u200b", "\u00ad", "\ufe0f"])
 def test_zero_piece_words_do_not_shift_labels(minilm_folder, capsys, task_name, invisible):

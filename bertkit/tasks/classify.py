@@ -84,10 +84,17 @@ class ClassifyTask(Task):
                                f"({', '.join(self.info['labels'])}); {len(unknown)} such row(s)")
 
     def features(self, examples, tokenizer, max_len):
-        pairs = [r.get("text_pair") for r in examples]
-        has_pairs = any(p is not None for p in pairs)
-        encs = tokenizer.encode_unpadded([r["text"] for r in examples],
-                                         [p or "" for p in pairs] if has_pairs else None, max_len)
+        # single texts and pairs apart: a single text is [CLS] A [SEP] whatever else is in the call
+        # (the server joins different clients' requests into one call)
+        singles = [i for i, r in enumerate(examples) if r.get("text_pair") is None]
+        paired = [i for i, r in enumerate(examples) if r.get("text_pair") is not None]
+        encs = {}
+        if singles:
+            encs.update(zip(singles, tokenizer.encode_unpadded([examples[i]["text"] for i in singles], None, max_len)))
+        if paired:
+            encs.update(zip(paired, tokenizer.encode_unpadded([examples[i]["text"] for i in paired],
+                                                              [examples[i]["text_pair"] for i in paired], max_len)))
+        encs = [encs[i] for i in range(len(examples))]
         index = {lab: i for i, lab in enumerate(self.info["labels"])}
         return [{"input_ids": e.ids, "token_type_ids": e.type_ids, "attention_mask": [1] * len(e.ids),
                  "labels": index.get(r.get("label"), -100)} for e, r in zip(encs, examples)]
