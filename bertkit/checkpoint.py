@@ -7,9 +7,7 @@ ever unpickled.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -18,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from .config import BertConfig, load_config  # noqa: F401 - load_config: re-exported
 from .errors import BertkitError
+from .files import atomic_write
 from .model import BertForPreTraining, BertModel, init_weights
 from .tokenizer import check_vocab_fits, load_tokenizer  # noqa: F401 - re-exported
 
@@ -182,22 +181,13 @@ def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | N
         hf.update({k: v.detach().cpu().contiguous() for k, v in extra_tensors.items()})
     arch = architecture or ("BertForPreTraining" if heads else "BertModel")
     config = {**cfg.to_dict(arch), **(config_extra or {})}
-    _atomic_write(folder / WEIGHTS, lambda p: save_file(hf, p, metadata={"format": "pt"}))
-    _atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
+    atomic_write(folder / WEIGHTS, lambda p: save_file(hf, p, metadata={"format": "pt"}))
+    atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     if tokenizer is not None:
         tokenizer.save(folder)
     if bertkit_info is not None:
-        _atomic_write(folder / "bertkit.json",
+        atomic_write(folder / "bertkit.json",
                       lambda p: Path(p).write_text(json.dumps(bertkit_info, indent=2) + "\n"))
     return folder
 
 
-def _atomic_write(path: Path, write) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

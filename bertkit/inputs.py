@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -90,11 +91,53 @@ def read_lines(path: str | Path) -> list[str]:
     return lines(read_text(path).removeprefix("\ufeff"))
 
 
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def lone_surrogate(s: str) -> str | None:
+    """The first lone UTF-16 surrogate in `s` as an escape ("\\ud800"), or None. JSON's
+    "\\ud800" escape decodes to one: a string no UTF-8 text can hold, which the tokenizer
+    refuses deep inside."""
+    try:
+        s.encode("utf-8")
+        return None
+    except UnicodeEncodeError as e:
+        return f"\\u{ord(s[e.start]):04x}"
+
+
+_LONE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+                          r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+
+
+def _check_strings(value, where: str, text: str) -> None:
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, str):
+            bad = lone_surrogate(v)
+            if bad:
+                at = _LONE_ESCAPE.search(text)
+                if at and "\n" in text.strip():  # a whole JSON file: the line of the escape
+                    line = text.count("\n", 0, at.start()) + 1
+                    where += f", line {line}"
+                raise BertkitError(f"{where}: a string holds the lone surrogate {bad} (half of a UTF-16 pair), "
+                                   "which is not a character")
+        elif isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+
+
 def parse_json(text: str, where: str):
     """`text` as JSON; anything json.loads refuses (bad syntax, an integer of more than 4,300
-    digits, nesting deeper than the recursion limit) is one line naming `where` (file, line)."""
+    digits, nesting deeper than the recursion limit) and strings with a lone surrogate escape
+    are one line naming `where` (file, line)."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
+        if _SURROGATE_ESCAPE.search(text):
+            _check_strings(value, where, text)
+        return value
     except json.JSONDecodeError as e:
         at = f" at line {e.lineno}, column {e.colno}" if "\n" in text else f" at column {e.colno}"
         raise BertkitError(f"{where}: not valid JSON ({e.msg}{at})") from None

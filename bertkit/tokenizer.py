@@ -7,9 +7,7 @@ offsets.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +18,8 @@ from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_t
 
 from .config import BertConfig, load_config
 from .errors import BertkitError
+from .files import atomic_write
+from .inputs import lone_surrogate
 
 if TYPE_CHECKING:
     import torch
@@ -188,10 +188,7 @@ class WordPieceTokenizer:
                 "mask_token": MASK}, indent=2) + "\n",
         }
         for name, text in files.items():
-            fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{name}.", suffix=".tmp")
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-            os.replace(tmp, folder / name)
+            atomic_write(folder / name, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
 
     # ---- vocabulary ----
     @property
@@ -226,16 +223,17 @@ class WordPieceTokenizer:
         texts = list(texts)
         if not texts:
             raise BertkitError("no texts to encode (the list is empty)")
-        for i, t in enumerate(texts):
-            if not isinstance(t, str):
-                raise BertkitError(f"text {i} is {type(t).__name__}, not a string")
         if pairs is not None:
             pairs = list(pairs)
             if len(pairs) != len(texts):
                 raise BertkitError(f"{len(texts)} texts but {len(pairs)} text pairs")
-            for i, t in enumerate(pairs):
+        for name, strings in (("text", texts), ("text_pair", pairs or [])):
+            for i, t in enumerate(strings):
                 if not isinstance(t, str):
-                    raise BertkitError(f"text_pair {i} is {type(t).__name__}, not a string")
+                    raise BertkitError(f"{name} {i} is {type(t).__name__}, not a string")
+                if lone_surrogate(t):  # tokenizers takes it for a wrong type (TypeError)
+                    raise BertkitError(f"{name} {i} holds the lone surrogate {lone_surrogate(t)} "
+                                       "(half of a UTF-16 pair), which is not a character")
         specials = 3 if pairs is not None else 2
         if max_len <= specials:
             raise BertkitError(f"max length {max_len} leaves no room for text beside the special tokens")

@@ -111,6 +111,54 @@ def test_encode_inputs_refuse_blank_lines_between_texts(tmp_path):
         read_text_inputs(rows, blank_lines="refuse")
 
 
+def test_a_lone_surrogate_escape_in_json_is_an_error_naming_the_file_and_line(tmp_path, minilm_folder):
+    """JSON's \\ud800 decodes to half a UTF-16 pair, which no text holds: the tokenizer took it
+    for a wrong type (a TypeError traceback)."""
+    from bertkit.data.readers import read_classify
+    from bertkit.inputs import parse_json, read_text_inputs
+    from bertkit.tasks.squad import read_squad
+    from bertkit.tokenizer import WordPieceTokenizer
+    rows = tmp_path / "in.jsonl"
+    rows.write_text('{"text": "fine \\ud83d\\ude00", "label": "x"}\n{"text": "bad \\ud800 here", "label": "x"}\n')
+    with pytest.raises(BertkitError, match=r"in\.jsonl, line 2: a string holds the lone surrogate \\ud800"):
+        read_text_inputs(rows)
+    with pytest.raises(BertkitError, match=r"in\.jsonl, line 2: .*lone surrogate"):
+        read_classify(rows)
+    assert parse_json('"\\ud83d\\ude00"', "x") == "\U0001f600"  # a whole pair is one character
+    squad = tmp_path / "squad.json"
+    squad.write_text('{"version": "1.1", "data": [\n{"title": "t", "paragraphs": [{"context": "c \\udc00",\n'
+                     '"qas": []}]}]}\n')
+    with pytest.raises(BertkitError, match=r"squad\.json, line 2: .*lone surrogate \\udc00"):
+        read_squad(squad)
+    tok = WordPieceTokenizer.from_folder(minilm_folder)  # what the server and the API hand it
+    with pytest.raises(BertkitError, match=r"text_pair 1 holds the lone surrogate \\udfff"):
+        tok.encode(["a", "b"], ["c", "d\udfff"])
+
+
+def test_a_csv_field_over_128_kib_is_read(tmp_path):
+    from bertkit.data.readers import read_classify
+    path = tmp_path / "long.csv"
+    path.write_text('text,label\n"' + "great " * 40_000 + '",fresh\nbad,rotten\n')
+    rows = read_classify(path)
+    assert [r["text"] for r in rows] == ["great " * 40_000, "bad"]
+
+
+def test_saved_model_files_are_as_readable_as_any_file_the_user_writes(tmp_path, minilm_folder):
+    """mkstemp made them 0600: the rename carried that to model folders other users read."""
+    import stat
+    from bertkit import BertConfig, BertModel, save_model
+    from bertkit.tokenizer import WordPieceTokenizer
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    mode = stat.S_IMODE(plain.stat().st_mode)
+    model = BertModel(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                                 intermediate_size=37, max_position_embeddings=16))
+    save_model(model, tmp_path / "m", tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
+    modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").iterdir()}
+    assert "model.safetensors" in modes and "vocab.txt" in modes
+    assert set(modes.values()) == {mode}, (oct(mode), modes)
+
+
 # ---- finetune configuration and task options -------------------------------------------------
 @pytest.mark.parametrize("field, value, message", [
     ("lr", -1.0, "--lr must be a finite number above 0"), ("lr", math.nan, "--lr must be"),

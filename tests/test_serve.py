@@ -224,6 +224,120 @@ def test_other_errors(tiny_bert, pretrained):
         assert r.status_code == 422 and "top_k" in r.json()["error"]
 
 
+def _raw(c, url, body: bytes):
+    return c.post(url, content=body, headers={"content-type": "application/json"})
+
+
+def _strict_json(r):
+    """The answer as a strict parser reads it: UTF-8, no NaN or Infinity."""
+    return json.loads(r.content.decode("utf-8"), parse_constant=lambda s: pytest.fail(f"{s} in {r.text}"))
+
+
+def test_nan_and_infinity_in_a_body_are_a_422_not_a_500(tiny_bert):
+    """Python's JSON parser takes NaN and Infinity: the error that echoes them must still be JSON."""
+    with client(tiny_bert) as c:
+        for url, body, field in (("/encode", b'{"texts": NaN}', "texts"),
+                                 ("/encode", b'{"texts": ["a"], "pooling": Infinity}', "pooling"),
+                                 ("/encode", b'{"texts": ["a"], "normalize": -Infinity}', "normalize"),
+                                 ("/v1/embeddings", b'{"input": "a", "dimensions": NaN}', "dimensions"),
+                                 ("/v1/embeddings", b'{"input": [NaN]}', "input")):
+            r = _raw(c, url, body)
+            assert r.status_code == 422, (body, r.text)
+            assert field in _strict_json(r)["error"], r.text
+
+
+def test_serve_refuses_a_port_over_65535(tiny_bert, capsys):
+    from bertkit.errors import BertkitError
+    assert main(["serve", "--model", str(tiny_bert), "--port", "99999"]) == 2
+    assert "--port" in capsys.readouterr().err
+    with pytest.raises(BertkitError, match="--port"):
+        ServeConfig(model=str(tiny_bert), port=65536).check()
+    ServeConfig(model=str(tiny_bert), port=65535).check()
+
+
+def test_every_error_is_json_with_an_error_field(tiny_bert):
+    """404, 405 and bodies that do not parse answer {"error": ...} with their 4xx, as the rest do."""
+    def refused(r, status=None):
+        assert 400 <= r.status_code < 500 and (status is None or r.status_code == status), r.text
+        assert isinstance(_strict_json(r)["error"], str), r.text
+        return r
+    with client(tiny_bert) as c:
+        assert "/no-such-path" in refused(c.get("/no-such-path"), 404).json()["error"]
+        assert "POST" in refused(c.get("/encode"), 405).headers["allow"]
+        refused(c.post("/health"), 405)
+        for body in (b'{"texts": ["\xff"]}', b"[" * 100000, b"{not json", b'{"texts": ["a"]', b"\x00"):
+            refused(_raw(c, "/encode", body))
+        r = _raw(c, "/encode", b'\xef\xbb\xbf{"texts": ["a"]}')  # a BOM: a parser may ignore it (RFC 8259)
+        assert r.status_code == 200 or refused(r)
+        # nested just under the parser's limit: it parses, and the error's echo of it is too deep to
+        # write (or, here, to read back: the status and the first key only)
+        for n in range(900, 1000):
+            r = _raw(c, "/encode", b'{"texts": ' + b"[" * n + b"]" * n + b"}")
+            assert 400 <= r.status_code < 500 and r.text.startswith('{"error":'), (n, r.text[:200])
+
+
+def test_booleans_and_integers_are_not_coerced(tiny_bert):
+    with client(tiny_bert) as c:
+        for url, body, field in (("/encode", {"texts": ["a"], "normalize": "yes"}, "normalize"),
+                                 ("/encode", {"texts": ["a"], "normalize": 1}, "normalize"),
+                                 ("/fill-mask", {"texts": ["a [MASK]"], "top_k": True}, "top_k"),
+                                 ("/fill-mask", {"texts": ["a [MASK]"], "top_k": "5"}, "top_k"),
+                                 ("/fill-mask", {"texts": ["a [MASK]"], "top_k": 5.0}, "top_k"),
+                                 ("/v1/embeddings", {"input": "a", "dimensions": "32"}, "dimensions"),
+                                 ("/v1/embeddings", {"input": "a", "dimensions": True}, "dimensions")):
+            r = c.post(url, json=body)
+            assert r.status_code == 422 and field in r.json()["error"], (body, r.text)
+        assert c.post("/encode", json={"texts": ["a"], "normalize": True}).status_code == 200
+        assert c.post("/v1/embeddings", json={"input": "a", "dimensions": 32}).status_code == 200
+        r = c.post("/fill-mask", json={"texts": ["a [MASK]"], "top_k": 5})  # valid: on to the no-MLM-head 400
+        assert r.status_code == 400 and "MLM head" in r.json()["error"]
+
+
+def test_empty_text_pairs_are_refused_like_empty_texts(tiny_bert, classifier):
+    with client(tiny_bert) as c:
+        for url, body, words in (("/encode", {"texts": ["a"], "text_pairs": [""]}, "text_pairs[0]: empty"),
+                                 ("/encode", {"texts": ["a", "b"], "text_pairs": ["c", "   "]}, "text_pairs[1]: empty"),
+                                 ("/attention", {"text": "a", "text_pair": ""}, "text_pair[0]: empty"),
+                                 ("/attention", {"text": "a", "text_pair": " \n"}, "text_pair[0]: empty")):
+            r = c.post(url, json=body)
+            assert r.status_code == 422 and words in r.json()["error"], (body, r.text)
+    with client(classifier) as c:
+        r = c.post("/predict", json={"inputs": ["fine", {"text": "a", "text_pair": "  "}]})
+        assert r.status_code == 422 and "inputs[1].text_pair: empty" in r.json()["error"], r.text
+        # nor is a pair that is not a string, or a misspelt field, dropped without a word
+        for item, words in (({"text": "a", "text_pair": 5}, "inputs[0].text_pair: must be a string"),
+                            ({"text": "a", "txt_pair": "b"}, "inputs[0].txt_pair: not a field")):
+            r = c.post("/predict", json={"inputs": [item]})
+            assert r.status_code == 422 and words in r.json()["error"], r.text
+
+
+def test_lone_surrogates_are_a_422_naming_the_field(tiny_bert, classifier):
+    """A \\ud800 escape in a JSON string decodes to a lone surrogate, which neither the tokenizer
+    nor the UTF-8 answer can hold."""
+    with client(tiny_bert) as c:
+        for url, body, field in (("/encode", b'{"texts": ["a", "\\ud800"]}', "texts: [1]"),
+                                 ("/encode", b'{"texts": ["a"], "text_pairs": ["\\udfff"]}', "text_pairs: [0]"),
+                                 ("/attention", b'{"text": "\\ud800"}', "text:"),
+                                 ("/attention", b'{"text": "a", "text_pair": "b\\ud800"}', "text_pair:"),
+                                 ("/fill-mask", b'{"texts": ["\\ud800 [MASK]"]}', "texts: [0]"),
+                                 ("/v1/embeddings", b'{"input": "\\ud800"}', "input:"),
+                                 ("/v1/embeddings", b'{"input": ["a", "\\ud800"]}', "input: [1]"),
+                                 ("/v1/embeddings", b'{"input": "a", "model": "\\ud800"}', "model:")):
+            r = _raw(c, url, body)
+            assert r.status_code == 422, (body, r.text)
+            error = _strict_json(r)["error"]
+            assert error.startswith(field) and "not valid UTF-8" in error, (body, error)
+        r = _raw(c, "/encode", b'{"texts": ["a"], "\\ud800": 1}')  # an unknown field, echoed in the error
+        assert r.status_code == 422 and _strict_json(r)["error"]
+        r = _raw(c, "/encode", b'{"texts": ["\\ud83d\\ude00 a pair is one character"]}')
+        assert r.status_code == 200, r.text
+    with client(classifier) as c:
+        for body, field in ((b'{"inputs": ["\\ud800"]}', "inputs: [0]"),
+                            (b'{"inputs": [{"text": "a", "text_pair": "\\ud800"}]}', "inputs: [0].text_pair")):
+            r = _raw(c, "/predict", body)
+            assert r.status_code == 422 and _strict_json(r)["error"].startswith(field), (body, r.text)
+
+
 def test_metrics_count_requests_batches_and_tokens(tiny_bert):
     with client(tiny_bert) as c:
         c.post("/encode", json={"texts": SENTENCES})

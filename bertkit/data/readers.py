@@ -33,6 +33,8 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
         raise BertkitError(f"{path}: expected a .csv, .tsv or .jsonl file")
     # strict: a file that ends inside a quoted field (cut short) is an error, not a last row
     # holding half its value; so is text after a closing quote (`"abc"def`)
+    # The csv module refuses fields over 128 KiB by default; a long document is one field.
+    csv.field_size_limit(max(csv.field_size_limit(), 1 << 30))
     reader = csv.reader(io.StringIO(read_text(path).removeprefix("\ufeff"), newline=""),
                         delimiter="\t" if suffix == ".tsv" else ",", strict=True)
     header, end = None, 0

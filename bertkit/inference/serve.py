@@ -23,7 +23,8 @@ from typing import Any, Callable, Literal, Union
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic_core import PydanticCustomError
 
 from ..errors import BertkitError
 
@@ -50,6 +51,8 @@ class ServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
                 raise BertkitError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.port > 65535:  # bind() would end in an OverflowError traceback
+            raise BertkitError(f"--port must be between 0 and 65535, got {self.port}")
         if not 0 <= self.batch_window_ms <= 1000:
             raise BertkitError(f"--batch-window-ms must be between 0 and 1000, got {self.batch_window_ms}")
         if self.backend not in ("torch", "onnx"):
@@ -169,8 +172,16 @@ class Served:
         texts, pairs = [], []
         for i, x in enumerate(inputs):
             if isinstance(x, dict) and isinstance(x.get("text"), str) and self.task.name == "classify":
+                unknown = sorted(set(x) - {"text", "text_pair"})
+                if unknown:  # a misspelt text_pair would otherwise be dropped without a word
+                    raise RequestError(422, f"inputs[{i}].{unknown[0]}: not a field; objects have 'text' "
+                                            "and optionally 'text_pair'")
+                if x.get("text_pair") is not None and not isinstance(x["text_pair"], str):
+                    raise RequestError(422, f"inputs[{i}].text_pair: must be a string")
                 texts.append(x["text"])
-                pairs.append(x.get("text_pair") if isinstance(x.get("text_pair"), str) else None)
+                pairs.append(x.get("text_pair"))
+                if pairs[-1] is not None and not pairs[-1].strip():  # as an empty text is, in check_texts
+                    raise RequestError(422, f"inputs[{i}].text_pair: empty text")
             elif isinstance(x, str):
                 texts.append(x)
                 pairs.append(None)
@@ -267,25 +278,55 @@ class Batcher:
 
 
 # ---------------------------------------------------------------- request bodies
-class Strict(BaseModel):
+def _not_utf8(value, at: str = "", depth: int = 0) -> str | None:
+    """Where in a field's value (a string, or a list of strings or of objects) a string UTF-8
+    cannot encode is ("" for the value itself), or None. JSON's "\\ud800" escape decodes to such a
+    lone surrogate: the tokenizer and the JSON answer both refuse it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return at
+    elif isinstance(value, (list, dict)) and depth < 2:  # nothing deeper than a list of objects is read as text
+        for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
+            found = _not_utf8(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+class Body(BaseModel):
+    """Every request body: its strings must be UTF-8 text, a 422 naming the field otherwise."""
+
+    @field_validator("*")
+    @classmethod
+    def utf8(cls, value):
+        at = _not_utf8(value)
+        if at is not None:
+            raise PydanticCustomError("string_not_utf8", "{at}not valid UTF-8 (it holds an unpaired surrogate, "
+                                      "a \\ud800-\\udfff escape)", {"at": f"{at} is " if at else ""})
+        return value
+
+class Strict(Body):
     model_config = ConfigDict(extra="forbid")
 
+# booleans and integers strict: pydantic would take "yes" for true and true for 1
 class EncodeRequest(Strict):
     texts: list[str] = Field(min_length=1, description="texts to encode")
     text_pairs: list[str] | None = Field(None, description="second texts: each vector is of the pair")
     pooling: Literal["cls", "mean", "pooler"] | None = Field(None, description="default: the folder's")
-    normalize: bool = False
+    normalize: StrictBool = False
 
-class EmbeddingsRequest(BaseModel):  # OpenAI's fields; unknown ones are ignored, as clients add their own
+class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as clients add their own
     input: Union[str, list[str], list[int], list[list[int]]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = None
+    dimensions: StrictInt | None = None
     user: str | None = None
 
 class FillMaskRequest(Strict):
     texts: list[str] = Field(min_length=1, description="texts with one or more [MASK]")
-    top_k: int = Field(5, ge=1)
+    top_k: StrictInt = Field(5, ge=1)
 
 class PredictRequest(Strict):
     inputs: list[Union[str, dict[str, Any]]] = Field(
@@ -303,6 +344,18 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+    from starlette.exceptions import HTTPException
+
+    class ErrorResponse(JSONResponse):
+        """An error that may echo what the client sent: NaN and Infinity (which Python's JSON
+        parser accepts) become strings and lone surrogates "?", where JSONResponse would fail (a 500)."""
+
+        def render(self, content) -> bytes:
+            try:
+                content = json.loads(json.dumps(content, default=str), parse_constant=str)
+            except RecursionError:  # an echo nested nearly as deep as the parser allows: the message alone
+                content = {"error": str(content.get("error"))}
+            return json.dumps(content, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
 
     cfg.check()
     served = served or Served(cfg.model, cfg.backend)
@@ -343,23 +396,29 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     # ---- errors: every one a JSON object with "error" (what is wrong) ----
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError):
-        return JSONResponse({"error": str(e)}, status_code=e.status)
+        return ErrorResponse({"error": str(e)}, status_code=e.status)
 
     @app.exception_handler(BertkitError)
     async def bertkit_error(request: Request, e: BertkitError):
-        return JSONResponse({"error": str(e)}, status_code=422)
+        return ErrorResponse({"error": str(e)}, status_code=422)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, e: RequestValidationError):
         errors = e.errors()
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        return JSONResponse({"error": f"{where}: {first.get('msg', 'invalid request')}",
-                             "detail": json.loads(json.dumps(errors, default=str))}, status_code=422)
+        return ErrorResponse({"error": f"{where}: {first.get('msg', 'invalid request')}", "detail": errors},
+                             status_code=422)
+
+    @app.exception_handler(HTTPException)  # starlette's and FastAPI's own: 404, 405, a body that does not parse
+    async def http_error(request: Request, e: HTTPException):
+        cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+        return ErrorResponse({"error": f"{request.method} {request.url.path}: {e.detail}{cause}", "detail": e.detail},
+                             status_code=e.status_code, headers=e.headers)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, e: Exception):
-        return JSONResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
+        return ErrorResponse({"error": f"internal error: {type(e).__name__}: {e}"}, status_code=500)
 
     # ---- body size and metrics, around every request ----
     app.add_middleware(_BodyLimit, max_bytes=cfg.max_body_bytes)
@@ -373,7 +432,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         latency.labels(endpoint).observe(time.perf_counter() - start)
         return response
 
-    def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens) -> int:
+    def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens,
+                    pair_field: str = "text_pairs") -> int:
         if len(texts) > cfg.max_texts:
             raise RequestError(413, f"{field}: {len(texts)} texts, over the limit of {cfg.max_texts} per request "
                                     "(--max-texts)")
@@ -382,6 +442,9 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         for i, t in enumerate(texts):
             if not t.strip():
                 raise RequestError(422, f"{field}[{i}]: empty text")
+        for i, t in enumerate(pairs or ()):
+            if not t.strip():
+                raise RequestError(422, f"{pair_field}[{i}]: empty text")
         counts = served.count(texts, pairs)
         for i, n in enumerate(counts):
             if n > limit:
@@ -458,7 +521,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     @app.post("/attention", summary="attention weights of every layer and head")
     async def attention(body: AttentionRequest):
         tokens = check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
-                             cfg.max_attention_tokens)
+                             cfg.max_attention_tokens, "text_pair")
         [result] = await batcher.submit(("attention",), [(body.text, body.text_pair)], tokens)
         return {"layers": served.config.num_hidden_layers, "heads": served.config.num_attention_heads, **result}
 
