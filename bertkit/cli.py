@@ -170,6 +170,8 @@ def cmd_evaluate(args) -> None:
 def cmd_predict(args) -> None:
     from .finetune import load_task_model, run_task, task_max_len
 
+    if args.input is not None and args.text:
+        raise BertkitError("give --input FILE or texts to predict, not both (one of them would be left out)")
     task, model, tok = load_task_model(args.model, args.task)
     if args.backend == "onnx":  # the encoder and the head on ONNX Runtime
         from .inference.export import onnx_task_model

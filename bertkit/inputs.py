@@ -181,9 +181,13 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
     path = Path(path)
     if blank_lines not in ("skip", "refuse"):
         raise ValueError(f"blank_lines must be 'skip' or 'refuse', got {blank_lines!r}")
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv", ".json"):  # as lines of text, a header and labels would become texts
+        raise BertkitError(f"{path}: a {suffix[1:].upper()} file is not an input here; give a .txt file (one "
+                           "text per line) or a .jsonl file (an object with 'text' per line)")
     if blank_lines == "refuse":
         _refuse_blank_lines(path, read_lines(path))
-    if path.suffix == ".jsonl":
+    if suffix == ".jsonl":
         texts, pairs = [], []
         for lineno, row in jsonl_rows(path):
             if not isinstance(row.get("text"), str):

@@ -66,6 +66,7 @@ def _user_files(tmp: Path) -> None:
     (vocab / "tokenizer_config.json").write_text('{"do_lower_case": true}\n')
     (tmp / "a_file").write_text("not a folder\n")
     (tmp / "existing.npy").write_bytes(b"my vectors")
+    (tmp / "surrogate.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "\\ud800", "label": "neg"}\n')
 
 
 def _snapshot(tmp: Path) -> dict:
@@ -181,7 +182,18 @@ CASES = [
      "--eval {tmp}/train.csv --out {tmp}/new --max-len 32", "config.json vocab_size is 99"),
     ("predict-vocab-too-big", "predict classify --model {classifier_big_vocab} some text",
      "vocab.txt: the tokenizer has 30527 token ids but config.json vocab_size is 30522"),
-    # 9. fill-mask: a [MASK] cut off by the length limit is said to be cut off
+    # 9. inputs read as something they are not
+    ("predict-input-csv", "predict classify --model {classifier} --input {tmp}/train.csv",
+     "train.csv: a CSV file is not an input here; give a .txt file"),
+    ("encode-input-csv", "encode --model {tiny} --input {tmp}/train.csv --output {tmp}/new.npy",
+     "train.csv: a CSV file is not an input here"),
+    ("predict-input-and-texts", "predict classify --model {classifier} --input {tmp}/texts.txt one\x00more",
+     "give --input FILE or texts to predict, not both"),
+    ("encode-lone-surrogate", "encode --model {tiny} --input {tmp}/surrogate.jsonl --output {tmp}/new.npy",
+     "surrogate.jsonl, line 2: a string holds the lone surrogate \\ud800"),
+    ("evaluate-lone-surrogate", "evaluate classify --model {classifier} --data {tmp}/surrogate.jsonl",
+     "surrogate.jsonl, line 2: a string holds the lone surrogate \\ud800"),
+    # 10. fill-mask: a [MASK] cut off by the length limit is said to be cut off
     ("fill-mask-truncated", "fill-mask --model {tiny} " + LONG_MASK.replace(" ", "\x00"),
      f"text 0: 1 of its 1 [MASK] token(s) lie past the model's limit: the text was truncated at {LIMIT} tokens"),
 ]
