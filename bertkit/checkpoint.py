@@ -109,6 +109,17 @@ def _normalised_names(raw: dict[str, torch.Tensor]) -> dict[str, str]:
     return {k: k if k.startswith("cls.") else "bert." + k for k in raw}
 
 
+def has_trained_mlm_head(folder: str | Path) -> bool:
+    """Whether the folder's weights hold an MLM head (HF's cls.predictions.*): a plain encoder
+    such as MiniLM and fine-tuned folders have none, and load_model gives them a random one."""
+    from safetensors import safe_open
+    try:
+        with safe_open(str(Path(folder) / WEIGHTS), "pt") as f:
+            return "cls.predictions.transform.dense.weight" in set(f.keys())
+    except (SafetensorError, OSError, ValueError):
+        return False
+
+
 def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     """A model folder -> BertForPreTraining (heads=True) or BertModel, in eval mode.
 

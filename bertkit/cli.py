@@ -109,7 +109,7 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_fill_mask(args) -> None:
-    from .checkpoint import load_model, load_tokenizer
+    from .checkpoint import WEIGHTS, has_trained_mlm_head, load_model, load_tokenizer
     from .inference.fill_mask import fill_mask
 
     if not args.text:
@@ -117,7 +117,10 @@ def cmd_fill_mask(args) -> None:
     if args.top_k < 1:
         raise BertkitError(f"--top-k must be at least 1, got {args.top_k}")
     tokenizer = load_tokenizer(args.model)  # refuses a vocabulary larger than the model's embeddings
-    model, _ = load_model(args.model)
+    model, _ = load_model(args.model, quiet=True)
+    if not has_trained_mlm_head(args.model):  # load_model gave it a random one
+        raise BertkitError(f"{args.model} has no trained MLM head (no cls.predictions.* weights in "
+                           f"{WEIGHTS}): fill-mask would answer at random; pretrain it first")
     for text, preds in zip(args.text, fill_mask(model, tokenizer, args.text, args.top_k)):
         print(json.dumps({"text": text, "predictions": preds}))
 

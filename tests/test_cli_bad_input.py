@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit import BertModel, save_model
+from bertkit import BertForPreTraining, BertModel, save_model
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
@@ -23,15 +23,16 @@ LIMIT = 64  # the tiny model's position limit
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, minilm_folder):
-    """tiny: 2-layer BERT with the real vocabulary and 64 positions; small_vocab: the same
+    """tiny: 2-layer BERT with the real vocabulary and 64 positions (tiny_mlm: with MLM and NSP
+    heads, for fill-mask); small_vocab: the same
     vocabulary over a 99-row embedding matrix; classifier: tiny fine-tuned for classify;
     classifier_big_vocab: that folder with a vocab.txt longer than its embeddings."""
     root = tmp_path_factory.mktemp("models")
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     torch.manual_seed(0)
-    for name, vocab in (("tiny", 30522), ("small_vocab", 99)):
+    for name, vocab in (("tiny", 30522), ("small_vocab", 99), ("tiny_mlm", 30522)):
         cfg = hf_tester_config(vocab_size=vocab, max_position_embeddings=LIMIT)
-        model = BertModel(cfg)
+        model = (BertForPreTraining if name == "tiny_mlm" else BertModel)(cfg)
         init_weights(model, cfg)
         save_model(model, root / name, tokenizer=tok)
     data = root / "train.csv"
@@ -43,7 +44,7 @@ def models(tmp_path_factory, minilm_folder):
     (big / "tokenizer.json").unlink()
     with (big / "vocab.txt").open("a") as f:
         f.write("".join(f"extratoken{i}\n" for i in range(5)))
-    return {name: root / name for name in ("tiny", "small_vocab", "classifier", "classifier_big_vocab")}
+    return {name: root / name for name in ("tiny", "small_vocab", "tiny_mlm", "classifier", "classifier_big_vocab")}
 
 
 def _user_files(tmp: Path) -> None:
@@ -194,7 +195,10 @@ CASES = [
     ("evaluate-lone-surrogate", "evaluate classify --model {classifier} --data {tmp}/surrogate.jsonl",
      "surrogate.jsonl, line 2: a string holds the lone surrogate \\ud800"),
     # 10. fill-mask: a [MASK] cut off by the length limit is said to be cut off
-    ("fill-mask-truncated", "fill-mask --model {tiny} " + LONG_MASK.replace(" ", "\x00"),
+    ("fill-mask-no-mlm-head", "fill-mask --model {tiny} a\x00[MASK]\x00here",
+     "has no trained MLM head (no cls.predictions.* weights in model.safetensors): fill-mask would answer at random"),
+    ("fill-mask-fine-tuned", "fill-mask --model {classifier} a\x00[MASK]\x00here", "has no trained MLM head"),
+    ("fill-mask-truncated", "fill-mask --model {tiny_mlm} " + LONG_MASK.replace(" ", "\x00"),
      f"text 0: 1 of its 1 [MASK] token(s) lie past the model's limit: the text was truncated at {LIMIT} tokens"),
 ]
 

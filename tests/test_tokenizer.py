@@ -186,9 +186,14 @@ def test_cli_fill_mask_on_a_folder_without_tokenizer_json(tmp_path, minilm_folde
     import shutil
 
     from bertkit.cli import main
-    for name in ("vocab.txt", "config.json", "model.safetensors"):
-        shutil.copy(minilm_folder / name, tmp_path / name)
-    assert main(["fill-mask", "--model", str(tmp_path), "--top-k", "3", "the cat [MASK] on the mat."]) == 0
+    from bertkit import BertForPreTraining, save_model
+    from bertkit.checkpoint import load_model
+    model, _ = load_model(minilm_folder, quiet=True)  # MiniLM with MLM and NSP heads (random ones)
+    assert isinstance(model, BertForPreTraining)
+    save_model(model, tmp_path / "m")
+    shutil.copy(minilm_folder / "vocab.txt", tmp_path / "m" / "vocab.txt")
+    assert not (tmp_path / "m" / "tokenizer.json").exists()
+    assert main(["fill-mask", "--model", str(tmp_path / "m"), "--top-k", "3", "the cat [MASK] on the mat."]) == 0
     out = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert len(out) == 1 and len(out[0]["predictions"]) == 1 and len(out[0]["predictions"][0]) == 3
 

@@ -74,7 +74,7 @@ class Served:
     fine-tuned task (bertkit.json); attention with the torch backend's weights."""
 
     def __init__(self, folder: str | Path, backend: str = "torch"):
-        from ..checkpoint import WEIGHTS, load_model, load_tokenizer
+        from ..checkpoint import has_trained_mlm_head, load_model, load_tokenizer
         from .encode import Encoder, folder_pooling
 
         self.folder = Path(folder)
@@ -87,10 +87,7 @@ class Served:
         else:
             self.tokenizer = load_tokenizer(self.folder)
             model, _ = load_model(self.folder, heads=True, quiet=True)
-            from safetensors import safe_open
-            with safe_open(str(self.folder / WEIGHTS), "pt") as f:
-                trained_head = "cls.predictions.transform.dense.weight" in set(f.keys())
-            self.mlm_model = model.eval() if trained_head else None
+            self.mlm_model = model.eval() if has_trained_mlm_head(self.folder) else None
             body = model.bert
         self.body = body.eval()
         self.config = body.config
