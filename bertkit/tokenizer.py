@@ -270,20 +270,58 @@ class WordPieceTokenizer:
         if not long or not isinstance(self.tok.model, models.WordPiece):
             return texts, pairs
         self.tok.no_truncation()
-        raw = lambda strings: self.tok.encode_batch(strings, add_special_tokens=False)  # noqa: E731
-        firsts = raw([texts[i] for i in long])
-        seconds = raw([pairs[i] for i in long]) if pairs is not None else [None] * len(long)
         texts, pairs = list(texts), (list(pairs) if pairs is not None else None)
-        for i, a, b in zip(long, firsts, seconds):
-            if b is None:
+        for i in long:
+            if pairs is None:
+                a, _ = self._head(texts[i], budget + 1)
                 texts[i] = _cut_after(texts[i], a, budget + 1)
                 continue
+            (a, whole_a), (b, whole_b) = self._head(texts[i], limit), self._head(pairs[i], limit)
             n1, n2 = len(a.ids), len(b.ids)
+            if n1 >= limit and n2 >= limit:  # both long: which is longer decides longest-first's split
+                n1 = n1 if whole_a else self._count(texts[i])
+                n2 = n2 if whole_b else self._count(pairs[i])
             t1, t2 = _cut_after(texts[i], a, budget + 1 + (n1 > n2)), _cut_after(pairs[i], b, budget + 1 + (n2 > n1))
-            m1, m2 = (len(e.ids) for e in raw([t1, t2]))
+            m1, m2 = (len(e.ids) for e in self.tok.encode_batch([t1, t2], add_special_tokens=False))
             if (m1 > m2, m1 < m2) == (n1 > n2, n1 < n2) and m1 + m2 > budget or n1 + n2 <= budget:
                 texts[i], pairs[i] = t1, t2  # one char can be several pieces: only if the order holds
         return texts, pairs
+
+    def _splits_at_spaces(self) -> bool:
+        """A space ends a word, whatever is around it (BERT's pre-tokenizer; not so where a
+        normalizer drops characters: "a\\x1cb" is the one word "ab")."""
+        return isinstance(self.tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+
+    def _head(self, text: str, keep: int) -> tuple[Encoding, bool]:
+        """Tokens (no specials) of a head of `text` ending at a space that holds at least `keep`
+        of them, and whether that head is the whole text: tokenizing all of a 13 MB line to keep
+        its first 512 tokens took 2.6 GB."""
+        self.tok.no_truncation()
+        size = 16 * keep + 1024
+        while size < len(text) and self._splits_at_spaces():
+            end = text.rfind(" ", 0, size)
+            if end > 0:
+                enc = self.tok.encode(text[:end], add_special_tokens=False)
+                if len(enc.ids) >= keep:
+                    return enc, False
+            size *= 4
+        return self.tok.encode(text, add_special_tokens=False), True
+
+    def _count(self, text: str, part: int = 1 << 20) -> int:
+        """Tokens in `text` (no specials), counted a part at a time cut at spaces: the count of the
+        whole, in bounded memory."""
+        self.tok.no_truncation()
+        if not self._splits_at_spaces():
+            return len(self.tok.encode(text, add_special_tokens=False).ids)
+        n, start = 0, 0
+        while start < len(text):
+            end = len(text) if start + part >= len(text) else text.rfind(" ", start + 1, start + part)
+            if end <= start:  # no space in the part: on to the next one
+                end = text.find(" ", start + part)
+                end = len(text) if end < 0 else end
+            n += len(self.tok.encode(text[start:end], add_special_tokens=False).ids)
+            start = end
+        return n
 
     def pad(self, encs: Sequence[Encoding], tensors: str = "pt") -> Batch:
         """Pad encodings to the longest of them; tensors "pt" (torch) or "np" (numpy int64)."""
