@@ -240,9 +240,12 @@ def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny, 
     assert main(_args(tiny, data, out, "--budget", "6s")) == 0
     summary = json.loads((out / "summary.json").read_text())
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    lrs = [r["lr"] for r in lines if "lr" in r]
+    train = [r for r in lines if "lr" in r]
+    lrs = [r["lr"] for r in train]
     assert summary["train_s"] < 6 + 5  # the closing evaluation may follow the last step
-    assert max(lrs) <= 5e-5 and lrs[-1] < 0.2 * max(lrs)
+    # near 0 at the end: within a step's share of the decay (the longest step's, on a busy machine)
+    step_s = max(b["elapsed_s"] - a["elapsed_s"] for a, b in zip(train, train[1:]))
+    assert max(lrs) <= 5e-5 and lrs[-1] < max(lrs) * max(0.2, 2 * step_s / max(1.0, 6 - train[0]["elapsed_s"]))
     assert summary["epochs_run"] >= 1
 
 
