@@ -88,7 +88,11 @@ def lines(content: str) -> list[str]:
 
 def read_lines(path: str | Path) -> list[str]:
     # spreadsheet programs start UTF-8 files with a byte-order mark
-    return lines(read_text(path).removeprefix("\ufeff"))
+    text = read_text(path).removeprefix("\ufeff")
+    if "\r" in text.rstrip("\r") and "\n" not in text:  # split at newlines, it would be one line
+        raise BertkitError(f"{path}: lines end in a carriage return alone (classic Mac line endings); "
+                           "save it with LF or CRLF line endings")
+    return lines(text)
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")

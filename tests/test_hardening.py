@@ -135,6 +135,19 @@ def test_a_lone_surrogate_escape_in_json_is_an_error_naming_the_file_and_line(tm
         tok.encode(["a", "b"], ["c", "d\udfff"])
 
 
+def test_classic_mac_line_endings_are_named(tmp_path):
+    """Split at newlines only, a file whose lines end in CR alone was one text (or one CoNLL token)."""
+    from bertkit.data.readers import read_conll
+    from bertkit.inputs import read_text_inputs
+    for name, reader in (("in.txt", read_text_inputs), ("in.conll", read_conll)):
+        path = tmp_path / name
+        path.write_bytes(b"Peter B-PER\rruns O\r\rHe O\r")
+        with pytest.raises(BertkitError, match=rf"{name}: lines end in a carriage return alone"):
+            reader(path)
+    path.write_bytes(b"Peter B-PER\r\nruns O\r\n")  # CRLF is fine
+    assert len(read_conll(path)) == 1
+
+
 def test_a_csv_field_over_128_kib_is_read(tmp_path):
     from bertkit.data.readers import read_classify
     path = tmp_path / "long.csv"
