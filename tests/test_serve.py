@@ -426,3 +426,20 @@ def test_serve_refuses_bad_options(tiny_bert, capsys):
     assert "--max-texts" in capsys.readouterr().err
     assert main(["serve", "--model", str(tiny_bert), "--max-tokens", "5000"]) == 2
     assert "512 positions" in capsys.readouterr().err
+
+
+def test_ner_predict_refuses_texts_longer_than_the_model_reads(tmp_path, tiny_bert):
+    """Words past the max_len a tagger was fine-tuned with came back 'O', as if read; the server's
+    warning went to its own stderr, never to the client."""
+    train = tmp_path / "train.conll"
+    train.write_text("Peter B-PER\nruns O\n\nMary B-PER\nsings O\n\n" * 2)
+    assert main(["finetune", "ner", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
+                 "--out", str(tmp_path / "ner"), "--epochs", "1", "--max-len", "16"]) == 0
+    with client(tmp_path / "ner") as c:
+        r = c.post("/predict", json={"inputs": ["Peter runs", " ".join(["Mary sings"] * 8)]})
+        assert r.status_code == 413, r.text
+        assert r.json()["error"] == ("inputs[1]: 18 tokens, over the limit of 16 tokens per text (the max_len "
+                                     "the ner model was fine-tuned with)")
+        r = c.post("/predict", json={"inputs": ["Peter runs", " ".join(["Mary sings"] * 7)]})
+        assert r.status_code == 200 and len(r.json()["predictions"][1]["tags"]) == 14, r.text
+

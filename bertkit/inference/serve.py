@@ -83,6 +83,8 @@ class Served:
         from ..finetune import fine_tuned_task, load_task_model
         if fine_tuned_task(self.folder):
             self.task, self.task_model, self.tokenizer = load_task_model(self.folder, device="cpu")
+            from ..finetune import task_max_len
+            self.max_len = task_max_len(self.task, self.task_model, None)  # what /predict reads of a text
             body = self.task_model.bert
         else:
             self.tokenizer = load_tokenizer(self.folder)
@@ -136,9 +138,8 @@ class Served:
         return fill_mask(self.mlm_model, self.tokenizer, items, top_k=key[1])
 
     def run_predict(self, key: tuple, items: list) -> list:
-        from ..finetune import run_task, task_max_len
-        max_len = task_max_len(self.task, self.task_model, None)
-        feats = self.task.features(items, self.tokenizer, max_len)
+        from ..finetune import run_task
+        feats = self.task.features(items, self.tokenizer, self.max_len)
         preds, _ = run_task(self.task, self.task_model, feats, items, self.tokenizer)
         return [self.task.describe(p, ex) for p, ex in zip(preds, items)]
 
@@ -430,7 +431,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         return response
 
     def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens,
-                    pair_field: str = "text_pairs") -> int:
+                    pair_field: str = "text_pairs", limit_name: str | None = None) -> int:
         if len(texts) > cfg.max_texts:
             raise RequestError(413, f"{field}: {len(texts)} texts, over the limit of {cfg.max_texts} per request "
                                     "(--max-texts)")
@@ -445,8 +446,9 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         counts = served.count(texts, pairs)
         for i, n in enumerate(counts):
             if n > limit:
-                raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text "
-                                        f"({'--max-attention-tokens' if limit == cfg.max_attention_tokens else '--max-tokens'})")
+                raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text ("
+                                        + (limit_name or ('--max-attention-tokens' if limit == cfg.max_attention_tokens
+                                                          else '--max-tokens')) + ")")
         return sum(counts)
 
     # ---- endpoints ----
@@ -510,6 +512,11 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         if served.task.name == "qa":  # long contexts are read in windows: their limit is 8x
             tokens = check_texts([e.question for e in examples], None, "inputs.question")
             tokens += check_texts([e.context for e in examples], None, "inputs.context", 8 * max_tokens)
+        elif served.task.name in ("ner", "tag"):  # words past max_len would come back 'O' as if read
+            limit = min(max_tokens, served.max_len)
+            tokens = check_texts(list(body.inputs), None, "inputs", limit,
+                                 limit_name=f"the max_len the {served.task.name} model was fine-tuned with"
+                                 if limit < max_tokens else None)
         else:
             tokens = check_texts([x if isinstance(x, str) else x["text"] for x in body.inputs], None, "inputs")
         results = await batcher.submit(("predict",), examples, tokens)
