@@ -297,6 +297,43 @@ def test_read_summarize_greedy_rouge_labels(tmp_path):
     assert readers.greedy_labels(["the cat sat", "a dog ran", "the cat sat down"], "a dog ran") == [0, 1, 0]
 
 
+def _greedy_plain(sentences, summary):
+    """Greedy ROUGE labels the plain way: every candidate selection scored whole by rouge-score."""
+    from rouge_score import rouge_scorer
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2"])
+    chosen, best = [], 0.0
+    while True:
+        step = None
+        for i in range(len(sentences)):
+            if i not in chosen:
+                s = scorer.score(summary, " ".join(sentences[j] for j in sorted(chosen + [i])))
+                score = s["rouge1"].fmeasure + s["rouge2"].fmeasure
+                if score > best and (step is None or score > step[1]):
+                    step = (i, score)
+        if step is None:
+            return [int(i in chosen) for i in range(len(sentences))]
+        chosen.append(step[0])
+        best = step[1]
+
+
+def test_greedy_labels_equal_scoring_each_selection_whole(wiki_excerpt):
+    """The incremental n-gram counts pick the sentences rouge-score's own scores pick, ties
+    included, on real sentences and on ones without a token (punctuation, non-ASCII words)."""
+    import random
+    rng = random.Random(0)
+    real = [line for line in wiki_excerpt.read_text().splitlines() if line.strip()][:400]
+    for case in range(40):
+        sentences = rng.sample(real, rng.randint(1, 25)) + rng.sample(["!!!", "\u00e9t\u00e9", "", "the the"], 2)
+        rng.shuffle(sentences)
+        words = " ".join(rng.sample(sentences, min(3, len(sentences)))).split()
+        summary = " ".join(w for w in words if rng.random() < 0.6) or "the"
+        assert readers.greedy_labels(sentences, summary) == _greedy_plain(sentences, summary), case
+    for case in range(300):  # four words: bigrams across sentence joins decide often
+        sentences = [" ".join(rng.choices("abcd", k=rng.randint(0, 3))) for _ in range(rng.randint(1, 8))]
+        summary = " ".join(rng.choices("abcd", k=rng.randint(1, 6)))
+        assert readers.greedy_labels(sentences, summary) == _greedy_plain(sentences, summary), (sentences, summary)
+
+
 @pytest.mark.parametrize("row, message", [
     ({"sentences": ["A.", "B."], "labels": [1]}, r"a\.jsonl, line 2: 2 sentences but 1 labels"),
     ({"sentences": [], "labels": []}, r"a\.jsonl, line 2: the document has no sentences"),

@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import re
+from collections import Counter
 from collections.abc import Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -151,24 +152,65 @@ def _rouge():
 
 def greedy_labels(sentences: list[str], summary: str) -> list[int]:
     """Extractive labels by greedy ROUGE matching: add the sentence that most improves
-    ROUGE-1 F + ROUGE-2 F of the selection against the summary, while the score improves."""
-    scorer = _rouge()
+    ROUGE-1 F + ROUGE-2 F of the selection against the summary, while the score improves.
+
+    rouge-score's own tokenizer, its n-gram counts and its F formula, but each sentence tokenized
+    once and a candidate's counts added to the selection's (scoring every candidate selection
+    whole took 55 s for a 20,000-sentence document); tested equal to `RougeScorer.score`."""
+    _rouge()  # rouge-score installed, or a clear error
+    from rouge_score.tokenizers import DefaultTokenizer
+    tokenize = DefaultTokenizer(use_stemmer=False).tokenize
+    ref = tokenize(summary)
+    ref1, ref2 = Counter(ref), Counter(zip(ref, ref[1:]))
+    toks = [tokenize(s) for s in sentences]
+    # only n-grams of the summary can overlap: each sentence's, counted once
+    unigrams = [Counter(g for g in t if g in ref1) for t in toks]
+    bigrams = [Counter(g for g in zip(t, t[1:]) if g in ref2) for t in toks]  # inside each sentence
+    sel1, sel2 = Counter(), Counter()  # the selection's n-grams that the summary has
+    hit1 = hit2 = n1 = n2 = 0  # overlaps with the summary's n-grams; the selection's n-gram counts
     chosen: list[int] = []
     best = 0.0
+
+    def f(hit, n_pred, n_ref):  # rouge_score's precision, recall and F
+        p, r = hit / max(n_pred, 1), hit / max(n_ref, 1)
+        return 2 * p * r / (p + r) if p + r > 0 else 0.0
+
+    def joins(i):
+        """The bigrams joining sentence i to its neighbours in the selection (document order),
+        and the one between those neighbours that it breaks; and their number's change."""
+        t = toks[i]
+        before = [j for j in chosen if j < i and toks[j]]
+        after = [j for j in chosen if j > i and toks[j]]
+        prev = toks[max(before)][-1] if before else None
+        nxt = toks[min(after)][0] if after else None
+        delta = Counter()
+        if prev is not None:
+            delta[(prev, t[0])] += 1
+        if nxt is not None:
+            delta[(t[-1], nxt)] += 1
+        if prev is not None and nxt is not None:
+            delta[(prev, nxt)] -= 1
+        return delta, len(t) - 1 + (prev is not None) + (nxt is not None) - (prev is not None and nxt is not None)
+
     while True:
         step = None
         for i in range(len(sentences)):
-            if i in chosen:
+            if i in chosen or not toks[i]:  # no tokens: the same selection, never an improvement
                 continue
-            selection = " ".join(sentences[j] for j in sorted(chosen + [i]))
-            s = scorer.score(summary, selection)
-            score = s["rouge1"].fmeasure + s["rouge2"].fmeasure
+            h1 = hit1 + sum(min(sel1[g] + c, ref1[g]) - min(sel1[g], ref1[g]) for g, c in unigrams[i].items())
+            delta, added = joins(i)
+            delta.update(bigrams[i])
+            h2 = hit2 + sum(min(sel2[g] + c, ref2[g]) - min(sel2[g], ref2[g]) for g, c in delta.items() if g in ref2)
+            score = f(h1, n1 + len(toks[i]), len(ref)) + f(h2, n2 + added, max(0, len(ref) - 1))
             if score > best and (step is None or score > step[1]):
-                step = (i, score)
+                step = (i, score, h1, h2, delta, added)
         if step is None:
             return [int(i in chosen) for i in range(len(sentences))]
-        chosen.append(step[0])
-        best = step[1]
+        i, best, hit1, hit2, delta, added = step
+        sel1.update(unigrams[i])
+        sel2.update({g: c for g, c in delta.items() if g in ref2})
+        n1, n2 = n1 + len(toks[i]), n2 + added
+        chosen.append(i)
 
 
 def read_summarize(path: str | Path) -> list[dict]:
