@@ -212,3 +212,13 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
     if not result.texts:
         raise BertkitError(f"{path}: no texts in this file")
     return result
+
+
+def read_single_texts(path: str | Path, task: str) -> list[str]:
+    """Texts of a .txt or .jsonl --input for a task that reads one text at a time: rows with
+    'text_pair' are refused, not read without it."""
+    inputs = read_text_inputs(path)
+    if inputs.pairs is not None:
+        raise BertkitError(f"{path}: the rows have 'text_pair', but the {task} task reads single texts "
+                           "(only classify takes pairs); give 'text' alone")
+    return inputs.texts

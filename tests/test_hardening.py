@@ -135,6 +135,17 @@ def test_a_lone_surrogate_escape_in_json_is_an_error_naming_the_file_and_line(tm
         tok.encode(["a", "b"], ["c", "d\udfff"])
 
 
+@pytest.mark.parametrize("task", ["ner", "tag", "summarize", "word"])
+def test_tasks_of_single_texts_refuse_pairs_rather_than_drop_them(tmp_path, task):
+    from bertkit.tasks import get_task
+    path = tmp_path / "in.jsonl"
+    path.write_text('{"text": "Peter runs", "text_pair": "he does"}\n')
+    with pytest.raises(BertkitError, match=rf"in\.jsonl: the rows have 'text_pair', but the {task} task reads single"):
+        get_task(task)().read_inputs(path=path)
+    path.write_text('{"text": "Peter runs."}\n')
+    assert len(get_task(task)().read_inputs(path=path)) == 1
+
+
 def test_classic_mac_line_endings_are_named(tmp_path):
     """Split at newlines only, a file whose lines end in CR alone was one text (or one CoNLL token)."""
     from bertkit.data.readers import read_conll

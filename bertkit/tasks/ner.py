@@ -51,8 +51,8 @@ class NerTask(Task):
     def read_inputs(self, path=None, texts=None):
         # one sentence per line (or JSONL "text"), split on whitespace into words
         if path is not None:
-            from ..inputs import read_text_inputs
-            texts = read_text_inputs(path).texts
+            from ..inputs import read_single_texts
+            texts = read_single_texts(path, self.name)
         return [{"words": t.split(), "tags": None} for t in texts]
 
     def fit(self, train, options):

@@ -37,8 +37,8 @@ class SummarizeTask(Task):
     def read_inputs(self, path=None, texts=None):
         from ..pretraining.corpus import split_sentences
         if path is not None:
-            from ..inputs import read_text_inputs
-            texts = read_text_inputs(path).texts
+            from ..inputs import read_single_texts
+            texts = read_single_texts(path, self.name)
         return [{"sentences": split_sentences(t), "labels": None} for t in texts]
 
     def features(self, examples, tokenizer, max_len):

@@ -42,8 +42,8 @@ class WordTask(Task):
 
     def read_inputs(self, path=None, texts=None):
         if path is not None:
-            from ..inputs import read_text_inputs
-            texts = read_text_inputs(path).texts
+            from ..inputs import read_single_texts
+            texts = read_single_texts(path, self.name)
         return [{"text": t, "word": None} for t in texts]
 
     def features(self, examples, tokenizer, max_len):
