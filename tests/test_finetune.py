@@ -181,6 +181,12 @@ def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):
     pred = json.loads(_run(capsys, "predict", "summarize", "--model", str(out),
                            "BERT is a model. It reads text. Cats sleep a lot.").splitlines()[0])
     assert len(pred["summary"]) == 2 and pred["selected"] == sorted(pred["selected"])
+    assert pred["sentences"] == pred["sentences_scored"] == 3
+    # a document past max_len is scored on its first sentences only, and says so
+    long_doc = " ".join(f"Sentence number {i} is here." for i in range(40))
+    pred = json.loads(_run(capsys, "predict", "summarize", "--model", str(out), "--max-len", "64",
+                           long_doc).splitlines()[0])
+    assert pred["sentences"] == 40 and 2 <= pred["sentences_scored"] < 40
 
 
 def test_qa_end_to_end(tmp_path, tiny_bert, capsys):

@@ -112,4 +112,6 @@ class SummarizeTask(Task):
         return {**{k: v / n for k, v in totals.items()}, "documents": len(examples)}
 
     def describe(self, prediction, example):
-        return {"summary": prediction["summary"], "selected": prediction["selected"]}
+        # a document longer than max_len is scored on its first sentences only: say how many
+        return {"summary": prediction["summary"], "selected": prediction["selected"],
+                "sentences": len(example["sentences"]), "sentences_scored": len(prediction["scores"])}
