@@ -198,7 +198,7 @@ def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | N
         tokenizer.save(folder)
     if bertkit_info is not None:
         atomic_write(folder / "bertkit.json",
-                      lambda p: Path(p).write_text(json.dumps(bertkit_info, indent=2) + "\n"))
+                     lambda p: Path(p).write_text(json.dumps(bertkit_info, indent=2) + "\n"))
     return folder
 
 
