@@ -1,6 +1,7 @@
 """Pretraining end to end on real text: it learns, it resumes exactly, it refuses bad input."""
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -103,7 +104,7 @@ def test_continue_pretraining_from_a_hf_folder(tmp_path, wiki_excerpt, minilm_fo
     assert cfg["hidden_size"] == 384 and cfg["num_hidden_layers"] == 6
 
 
-def test_bad_input_is_refused_and_nothing_is_lost(tmp_path, wiki_excerpt, capsys):
+def test_bad_input_is_refused_and_nothing_is_lost(tmp_path, wiki_excerpt, capsys, monkeypatch):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n  \n")
     with pytest.raises(BertkitError, match="empty"):
@@ -112,6 +113,15 @@ def test_bad_input_is_refused_and_nothing_is_lost(tmp_path, wiki_excerpt, capsys
     one.write_text("Only one document here. It has two sentences.\n")
     with pytest.raises(BertkitError, match="needs at least two documents"):
         pretrain(_cfg(one, tmp_path / "o2", holdout_every=0))
+    # found before the corpus is split into sentences (a 5 MB one-line corpus took 26 s to say so)
+    import bertkit.pretraining.corpus as corpus
+    monkeypatch.setattr(corpus, "split_sentences", lambda text: pytest.fail("split before the check"))
+    for text, words in (("one line, one document\n\n\n", "found 1 (separate documents with a blank line)"),
+                        (" \n\t\n", "the corpus is empty")):
+        one.write_text(text)
+        with pytest.raises(BertkitError, match=re.escape(words)):
+            pretrain(_cfg(one, tmp_path / "o3"))
+    monkeypatch.undo()
     binary = tmp_path / "bin"
     binary.mkdir()
     (binary / "x.txt").write_bytes(b"text\x00\x01\x02")
@@ -335,7 +345,12 @@ def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_cloc
     peak = summary["config"]["lr"]
     assert max(lrs) > 0.9 * peak and lrs[-1] < _last_lr_bound(train, peak, budget)  # warmed up, then decayed to ~0
     top = lrs.index(max(lrs))
-    assert all(a <= b for a, b in zip(lrs[:top], lrs[1:top + 1])) and all(a >= b for a, b in zip(lrs[top:], lrs[top + 1:]))
+    # up, then down: warm-up spans a share of the budget at least a (smoothed) step long, so when
+    # the machine's speed jumps (2 cores shared with other work: the test failed so) a step's lr
+    # can dip by a step's share of the warm-up; by 5% of the peak at the most
+    slack = 0.05 * peak
+    assert all(a <= b + slack for a, b in zip(lrs[:top], lrs[1:top + 1]))
+    assert all(a + slack >= b for a, b in zip(lrs[top:], lrs[top + 1:]))
 
     # stop part-way; the resumed run continues the same clock and schedule, not a new budget
     out2 = tmp_path / "r"

@@ -485,6 +485,13 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         raise BertkitError(f"batch size {cfg.batch_size} is not divisible by {world} processes x "
                            f"{cfg.grad_accum} accumulation steps")
     out = Path(cfg.out)
+    from .corpus import documents_up_to_two
+    found = None if cfg.resume else documents_up_to_two(cfg.corpus, cfg.doc_per_file)  # before any tokenizing
+    if found == 0:
+        raise BertkitError(f"{cfg.corpus}: the corpus is empty (no text)")
+    if found == 1:
+        hint = "give two or more files with text" if cfg.doc_per_file else "separate documents with a blank line"
+        raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents, found 1 ({hint})")
     log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress and main else (lambda msg: None)
     ckpt = None
     # a pretraining run's folder, finished or not, or prepared data (vocabulary and shards) to reuse
