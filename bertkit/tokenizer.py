@@ -164,6 +164,8 @@ class WordPieceTokenizer:
         """A new WordPiece vocabulary learned from `texts` (an iterator of strings)."""
         if vocab_size < len(SPECIAL_TOKENS) + 1:
             raise BertkitError(f"vocab size {vocab_size} is too small")
+        if min_frequency < 0:  # tokenizers' OverflowError otherwise
+            raise BertkitError(f"--min-frequency must be at least 0, got {min_frequency}")
         tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
                              lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,

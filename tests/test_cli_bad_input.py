@@ -194,7 +194,16 @@ CASES = [
      "surrogate.jsonl, line 2: a string holds the lone surrogate \\ud800"),
     ("evaluate-lone-surrogate", "evaluate classify --model {classifier} --data {tmp}/surrogate.jsonl",
      "surrogate.jsonl, line 2: a string holds the lone surrogate \\ud800"),
-    # 10. fill-mask: a [MASK] cut off by the length limit is said to be cut off
+    # 10. pretrain and tokenizer options and outputs
+    ("pretrain-out-is-file", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --out {tmp}/a_file",
+     "a_file: exists and is not a folder"),
+    ("pretrain-save-every-negative", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --save-every -1 "
+     "--out {tmp}/new", "save_every must be at least 0 (0: only at the end), got -1"),
+    ("pretrain-eval-every-zero", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --eval-every 0 "
+     "--out {tmp}/new", "eval_every must be at least 1, got 0"),
+    ("tokenizer-min-frequency-negative", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 50 "
+     "--min-frequency -1 --out {tmp}/new", "--min-frequency must be at least 0, got -1"),
+    # 11. fill-mask: a [MASK] cut off by the length limit is said to be cut off
     ("fill-mask-no-mlm-head", "fill-mask --model {tiny} a\x00[MASK]\x00here",
      "has no trained MLM head (no cls.predictions.* weights in model.safetensors): fill-mask would answer at random"),
     ("fill-mask-fine-tuned", "fill-mask --model {classifier} a\x00[MASK]\x00here", "has no trained MLM head"),

@@ -148,10 +148,12 @@ class PretrainConfig:
             self.lr = recipe["lr"] if self.model in PRESETS else 5e-5
         if self.max_predictions is None:
             self.max_predictions = math.ceil(self.max_len * self.mask_prob)
-        for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "vocab_size", "max_predictions",
-                     "eval_pairs", "keep_checkpoints"):
+        for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "eval_every", "vocab_size",
+                     "max_predictions", "eval_pairs", "keep_checkpoints"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.save_every < 0:
+            raise BertkitError(f"save_every must be at least 0 (0: only at the end), got {self.save_every}")
         if not (math.isfinite(self.lr) and self.lr > 0):
             raise BertkitError(f"lr must be a positive number, got {self.lr}")
         if self.short_len and not 5 <= self.short_len < self.max_len:
@@ -485,6 +487,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         raise BertkitError(f"batch size {cfg.batch_size} is not divisible by {world} processes x "
                            f"{cfg.grad_accum} accumulation steps")
     out = Path(cfg.out)
+    if out.exists() and not out.is_dir():
+        raise BertkitError(f"--out {out}: exists and is not a folder")
     from .corpus import documents_up_to_two
     found = None if cfg.resume else documents_up_to_two(cfg.corpus, cfg.doc_per_file)  # before any tokenizing
     if found == 0:
