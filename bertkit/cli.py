@@ -63,6 +63,7 @@ def cmd_encode(args) -> None:
 
 
 def cmd_pretrain(args) -> None:
+    from .config import PRESETS
     from .pretraining.train import PretrainConfig, pretrain
 
     overrides = {k: getattr(args, k) for k in (
@@ -73,10 +74,16 @@ def cmd_pretrain(args) -> None:
     for flag in ("resume", "whole_word", "tensorboard", "doc_per_file", "compile"):
         if getattr(args, flag):
             overrides[flag] = True
+    if args.vocab_size is not None and (args.vocab or (args.model and args.model not in PRESETS)):
+        raise BertkitError("--vocab-size is the size of a vocabulary trained on the corpus; --vocab or a model "
+                           "folder brings its own, which is used whole")
     saved = Path(args.out or "") / "pretrain_config.json"
     if args.resume and args.out and saved.is_file():
         # a resumed run keeps the options it was started with; flags given now override them
         base = json.loads(saved.read_text())
+        if args.vocab_size is not None and args.vocab_size != base.get("vocab_size"):
+            raise BertkitError(f"--vocab-size {args.vocab_size}: the run in {args.out} trained its vocabulary with "
+                               f"{base.get('vocab_size')}, which a resumed run keeps")
         overrides = {**{k: v for k, v in base.items() if k != "progress"}, **{k: v for k, v in overrides.items() if v is not None}}
     if args.config:
         cfg = PretrainConfig.from_toml(args.config, **overrides)

@@ -201,6 +201,10 @@ CASES = [
      "--out {tmp}/new", "save_every must be at least 0 (0: only at the end), got -1"),
     ("pretrain-eval-every-zero", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --eval-every 0 "
      "--out {tmp}/new", "eval_every must be at least 1, got 0"),
+    ("pretrain-vocab-size-with-vocab", "pretrain --corpus {tmp}/texts.txt --vocab {tmp}/my_vocab --vocab-size 50 "
+     "--steps 1 --out {tmp}/new", "--vocab-size is the size of a vocabulary trained on the corpus"),
+    ("pretrain-vocab-size-with-folder", "pretrain --corpus {tmp}/texts.txt --model {tiny} --vocab-size 50 "
+     "--steps 1 --out {tmp}/new", "a model folder brings its own"),
     ("tokenizer-min-frequency-negative", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 50 "
      "--min-frequency -1 --out {tmp}/new", "--min-frequency must be at least 0, got -1"),
     # 11. fill-mask: a [MASK] cut off by the length limit is said to be cut off

@@ -160,7 +160,9 @@ def test_cli_pretrain_with_a_toml_config_then_fill_mask(tmp_path, wiki_excerpt, 
     assert len(rows) == 2 and len(rows[0]["predictions"]) == 1 and len(rows[1]["predictions"]) == 2
     assert all(len(p) == 5 for p in rows[1]["predictions"])
     # --resume alone picks up the run's own options (here: 2 more steps)
-    assert main(["pretrain", "--out", str(out), "--resume", "--steps", "4", "--no-samples"]) == 0
+    assert main(["pretrain", "--out", str(out), "--resume", "--vocab-size", "400", "--steps", "4"]) == 2
+    assert "--vocab-size 400: the run in" in capsys.readouterr().err  # its vocabulary is trained already
+    assert main(["pretrain", "--out", str(out), "--resume", "--vocab-size", "500", "--steps", "4", "--no-samples"]) == 0
     assert "pretrained 4 steps" in capsys.readouterr().out
     toml.write_text("stepz = 3\n")
     assert main(["pretrain", "--config", str(toml), "--out", str(tmp_path / "x")]) == 2
