@@ -137,6 +137,9 @@ class WordPieceTokenizer:
         """The folder's tokenizer.json, else its vocab.txt. Casing comes from the folder's own files, in
         order: tokenizer_config.json do_lower_case; the normaliser in tokenizer.json; the vocabulary."""
         folder = Path(folder)
+        if not folder.is_dir():
+            raise BertkitError(f"{folder}: " + ("no such folder" if not folder.exists() else "not a folder") +
+                               " (a model or tokenizer folder is expected)")
         lowercase = None
         config = folder / "tokenizer_config.json"
         if config.is_file():
@@ -163,7 +166,8 @@ class WordPieceTokenizer:
               min_frequency: int = 2) -> "WordPieceTokenizer":
         """A new WordPiece vocabulary learned from `texts` (an iterator of strings)."""
         if vocab_size < len(SPECIAL_TOKENS) + 1:
-            raise BertkitError(f"vocab size {vocab_size} is too small")
+            raise BertkitError(f"--vocab-size {vocab_size} is too small: at least {len(SPECIAL_TOKENS) + 1} "
+                               f"(the {len(SPECIAL_TOKENS)} special tokens and one more)")
         if min_frequency < 0:  # tokenizers' OverflowError otherwise
             raise BertkitError(f"--min-frequency must be at least 0, got {min_frequency}")
         tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),

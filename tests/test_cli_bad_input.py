@@ -205,6 +205,11 @@ CASES = [
      "--steps 1 --out {tmp}/new", "--vocab-size is the size of a vocabulary trained on the corpus"),
     ("pretrain-vocab-size-with-folder", "pretrain --corpus {tmp}/texts.txt --model {tiny} --vocab-size 50 "
      "--steps 1 --out {tmp}/new", "a model folder brings its own"),
+    ("tokenizer-vocab-size-5", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 5 --out {tmp}/new",
+     "--vocab-size 5 is too small: at least 6"),
+    ("export-missing-model", "export --model {tmp}/nope --out {tmp}/new", "nope: no such folder"),
+    ("encode-model-is-file", "encode --model {tmp}/a_file --input {tmp}/texts.txt --output {tmp}/new.npy",
+     "a_file: not a folder"),
     ("tokenizer-min-frequency-negative", "tokenizer train --corpus {tmp}/texts.txt --vocab-size 50 "
      "--min-frequency -1 --out {tmp}/new", "--min-frequency must be at least 0, got -1"),
     # 11. fill-mask: a [MASK] cut off by the length limit is said to be cut off
