@@ -95,9 +95,6 @@ def read_lines(path: str | Path) -> list[str]:
     return lines(text)
 
 
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
 def lone_surrogate(s: str) -> str | None:
     """The first lone UTF-16 surrogate in `s` as an escape ("\\ud800"), or None. JSON's
     "\\ud800" escape decodes to one: a string no UTF-8 text can hold, which the tokenizer
@@ -109,19 +106,20 @@ def lone_surrogate(s: str) -> str | None:
         return f"\\u{ord(s[e.start]):04x}"
 
 
+# a high-surrogate escape not followed by a low one, or a low one not preceded by a high one (an
+# escaped backslash before "u" may match too: it only makes the strings be checked)
 _LONE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
                           r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
-def _check_strings(value, where: str, text: str) -> None:
+def _check_strings(value, where: str, text: str, at: re.Match) -> None:
     stack = [value]
     while stack:
         v = stack.pop()
         if isinstance(v, str):
             bad = lone_surrogate(v)
             if bad:
-                at = _LONE_ESCAPE.search(text)
-                if at and "\n" in text.strip():  # a whole JSON file: the line of the escape
+                if "\n" in text.strip():  # a whole JSON file: the line of the escape
                     line = text.count("\n", 0, at.start()) + 1
                     where += f", line {line}"
                 raise BertkitError(f"{where}: a string holds the lone surrogate {bad} (half of a UTF-16 pair), "
@@ -139,8 +137,9 @@ def parse_json(text: str, where: str):
     are one line naming `where` (file, line)."""
     try:
         value = json.loads(text)
-        if _SURROGATE_ESCAPE.search(text):
-            _check_strings(value, where, text)
+        at = _LONE_ESCAPE.search(text)
+        if at:
+            _check_strings(value, where, text, at)
         return value
     except json.JSONDecodeError as e:
         at = f" at line {e.lineno}, column {e.colno}" if "\n" in text else f" at column {e.colno}"

@@ -237,8 +237,8 @@ class WordPieceTokenizer:
             for i, t in enumerate(strings):
                 if not isinstance(t, str):
                     raise BertkitError(f"{name} {i} is {type(t).__name__}, not a string")
-                if lone_surrogate(t):  # tokenizers takes it for a wrong type (TypeError)
-                    raise BertkitError(f"{name} {i} holds the lone surrogate {lone_surrogate(t)} "
+                if bad := lone_surrogate(t):  # tokenizers takes it for a wrong type (TypeError)
+                    raise BertkitError(f"{name} {i} holds the lone surrogate {bad} "
                                        "(half of a UTF-16 pair), which is not a character")
         specials = 3 if pairs is not None else 2
         if max_len <= specials:

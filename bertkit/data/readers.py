@@ -177,20 +177,18 @@ def greedy_labels(sentences: list[str], summary: str) -> list[int]:
 
     def joins(i):
         """The bigrams joining sentence i to its neighbours in the selection (document order),
-        and the one between those neighbours that it breaks; and their number's change."""
+        less the one between those neighbours that it breaks."""
         t = toks[i]
-        before = [j for j in chosen if j < i and toks[j]]
-        after = [j for j in chosen if j > i and toks[j]]
-        prev = toks[max(before)][-1] if before else None
-        nxt = toks[min(after)][0] if after else None
+        prev = max((j for j in chosen if j < i and toks[j]), default=None)
+        nxt = min((j for j in chosen if j > i and toks[j]), default=None)
         delta = Counter()
         if prev is not None:
-            delta[(prev, t[0])] += 1
+            delta[(toks[prev][-1], t[0])] += 1
         if nxt is not None:
-            delta[(t[-1], nxt)] += 1
+            delta[(t[-1], toks[nxt][0])] += 1
         if prev is not None and nxt is not None:
-            delta[(prev, nxt)] -= 1
-        return delta, len(t) - 1 + (prev is not None) + (nxt is not None) - (prev is not None and nxt is not None)
+            delta[(toks[prev][-1], toks[nxt][0])] -= 1
+        return delta
 
     while True:
         step = None
@@ -198,7 +196,8 @@ def greedy_labels(sentences: list[str], summary: str) -> list[int]:
             if i in chosen or not toks[i]:  # no tokens: the same selection, never an improvement
                 continue
             h1 = hit1 + sum(min(sel1[g] + c, ref1[g]) - min(sel1[g], ref1[g]) for g, c in unigrams[i].items())
-            delta, added = joins(i)
+            delta = joins(i)
+            added = len(toks[i]) - 1 + sum(delta.values())  # the selection's bigrams gained
             delta.update(bigrams[i])
             h2 = hit2 + sum(min(sel2[g] + c, ref2[g]) - min(sel2[g], ref2[g]) for g, c in delta.items() if g in ref2)
             score = f(h1, n1 + len(toks[i]), len(ref)) + f(h2, n2 + added, max(0, len(ref) - 1))

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from pydantic_core import PydanticCustomError
 
 from ..errors import BertkitError
+from ..inputs import lone_surrogate
 
 PAGE = Path(__file__).parent / "page" / "index.html"
 
@@ -281,11 +282,8 @@ def _not_utf8(value, at: str = "", depth: int = 0) -> str | None:
     cannot encode is ("" for the value itself), or None. JSON's "\\ud800" escape decodes to such a
     lone surrogate: the tokenizer and the JSON answer both refuse it."""
     if isinstance(value, str):
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            return at
-    elif isinstance(value, (list, dict)) and depth < 2:  # nothing deeper than a list of objects is read as text
+        return at if lone_surrogate(value) else None
+    if isinstance(value, (list, dict)) and depth < 2:  # nothing deeper than a list of objects is read as text
         for k, v in (value.items() if isinstance(value, dict) else enumerate(value)):
             found = _not_utf8(v, f"{at}[{k}]" if isinstance(k, int) else f"{at}.{k}", depth + 1)
             if found is not None:

@@ -172,10 +172,8 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
     26 s before the run said it needs two."""
     if str(source) == "wiki" or str(source) in DOC_SOURCES or ("+" in str(source) and not Path(source).exists()):
         return None
-    path = Path(source)
-    files = sorted(p for p in path.rglob("*.txt") if p.is_file()) if path.is_dir() else [path]
     found = 0
-    for f in files:
+    for f in _corpus_files(Path(source)):
         inside = False  # each file's last document ends with the file
         for line in _file_lines(f):
             if line.strip() and not inside:
@@ -240,16 +238,20 @@ def iter_documents(source: str | Path, per_file: bool = False) -> Iterator[Docum
     if "+" in str(source) and not Path(source).exists():
         first, *added = (iter_documents(part, per_file) for part in str(source).split("+"))
         return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))
-    path = Path(source)
     # Checked here, not lazily, so a bad path fails at the call rather than the first batch.
+    return _files_documents(_corpus_files(Path(source)), per_file)
+
+
+def _corpus_files(path: Path) -> list[Path]:
+    """A corpus file, or a folder's .txt files."""
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())
         if not files:
             raise BertkitError(f"{path}: folder holds no .txt files")
-        return _files_documents(files, per_file)
+        return files
     if not path.exists():
         raise BertkitError(f"{path}: no such file or folder")
-    return _files_documents([path], per_file)
+    return [path]
 
 
 def load_documents(source: str | Path) -> list[Document]:
