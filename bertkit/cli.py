@@ -208,8 +208,20 @@ def cmd_serve(args) -> None:
 
 
 def cmd_export(args) -> None:
-    from .inference.export import export
+    from .inference.export import export, export_file
 
+    if args.onnx:
+        report = export_file(args.model, args.onnx, int8=args.int8, overwrite=args.overwrite)
+        print(f"bertkit: wrote {report['onnx']}, the encoder (inputs input_ids, token_type_ids, attention_mask; "
+              f"outputs sequence_output, pooled_output; largest difference from PyTorch on a check batch: "
+              f"{report['max_abs_diff']:.1e})")
+        if args.int8:
+            print(f"bertkit: wrote {report['int8']} (int8 weights; largest difference: "
+                  f"{report['int8_max_abs_diff']:.1e})")
+        from .finetune import fine_tuned_task
+        if fine_tuned_task(args.model):
+            print("bertkit: the file holds the encoder only; `bertkit export --out DIR` also exports the task's head")
+        return
     report = export(args.model, args.out, int8=args.int8, overwrite=args.overwrite)
     print(f"bertkit: wrote {report['onnx']} (largest difference from PyTorch on a check batch: "
           f"{report['max_abs_diff']:.1e})")
@@ -389,9 +401,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     ex = sub.add_parser("export", help="a model folder with the encoder as ONNX, for --backend onnx")
     ex.add_argument("--model", required=True)
-    ex.add_argument("--out", required=True)
-    ex.add_argument("--int8", action="store_true", help="also write model.int8.onnx (dynamic int8 weights)")
-    ex.add_argument("--overwrite", action="store_true", help="write into a non-empty --out")
+    where = ex.add_mutually_exclusive_group(required=True)
+    where.add_argument("--out", help="a new model folder: the model's files plus model.onnx (and a fine-tuned "
+                                     "task's head.onnx), for --backend onnx")
+    where.add_argument("--onnx", metavar="FILE", help="the encoder alone as one .onnx file, for ONNX Runtime "
+                                                      "outside bertkit")
+    ex.add_argument("--int8", action="store_true",
+                    help="also write the int8 model (dynamic int8 weights): model.int8.onnx, or FILE.int8.onnx")
+    ex.add_argument("--overwrite", action="store_true", help="write into a non-empty --out, or over an --onnx file")
     ex.set_defaults(func=cmd_export)
 
     from .data.registry import DATASETS

@@ -122,3 +122,34 @@ def test_onnx_encode_never_imports_torch(tmp_path, tiny_bert, exported):
     for pooling in ("cls", "mean", "pooler"):
         np.testing.assert_allclose(np.load(tmp_path / f"{pooling}.npy"),
                                    torch_encoder.encode(SENTENCES, pooling=pooling, normalize=True), atol=1e-4)
+
+
+def test_export_onnx_file_is_the_encoder_alone(tmp_path, tiny_bert, capsys):
+    """`export --onnx FILE` (the design's form) writes one .onnx graph that plain ONNX Runtime
+    runs within 1e-4 of PyTorch; an existing file is kept unless --overwrite; --out and --onnx
+    are one or the other."""
+    import onnxruntime as ort
+    from bertkit.checkpoint import load_model, load_tokenizer
+    path = tmp_path / "sub" / "encoder.onnx"
+    assert main(["export", "--model", str(tiny_bert), "--onnx", str(path), "--int8"]) == 0
+    assert sorted(p.name for p in path.parent.iterdir()) == ["encoder.int8.onnx", "encoder.onnx"]
+    batch = load_tokenizer(tiny_bert).encode(SENTENCES, SENTENCES[::-1])
+    bert, _ = load_model(tiny_bert, heads=False, quiet=True)
+    with torch.inference_mode():
+        ref = bert.eval()(**batch.model_inputs("cpu"))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {k: getattr(batch, k).numpy() for k in ("input_ids", "token_type_ids", "attention_mask")}
+    sequence, pooled = session.run(["sequence_output", "pooled_output"], feeds)
+    keep = batch.attention_mask.bool().numpy()
+    np.testing.assert_allclose(sequence[keep], ref.sequence_output.numpy()[keep], atol=1e-4)
+    np.testing.assert_allclose(pooled, ref.pooled_output.numpy(), atol=1e-4)
+
+    before = path.stat().st_mtime_ns
+    capsys.readouterr()
+    assert main(["export", "--model", str(tiny_bert), "--onnx", str(path)]) == 2
+    assert "already exists" in capsys.readouterr().err and path.stat().st_mtime_ns == before
+    assert main(["export", "--model", str(tiny_bert), "--onnx", str(tmp_path / "encoder.bin")]) == 2
+    assert ".onnx" in capsys.readouterr().err and not (tmp_path / "encoder.bin").exists()
+    with pytest.raises(SystemExit):
+        main(["export", "--model", str(tiny_bert), "--onnx", str(path), "--out", str(tmp_path / "o")])
+    assert "not allowed with" in capsys.readouterr().err

@@ -158,6 +158,33 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
     return report
 
 
+def export_file(folder: str | Path, path: str | Path, int8: bool = False, overwrite: bool = False) -> dict:
+    """Write the encoder alone as one ONNX file (`bertkit export --onnx FILE`), for ONNX Runtime
+    outside bertkit: inputs input_ids, token_type_ids, attention_mask; outputs sequence_output,
+    pooled_output. With int8, also FILE's stem + .int8.onnx. Returns what export() returns."""
+    from ..checkpoint import load_model, load_tokenizer
+    from ..files import atomic_write
+    from ..outputs import check_output_file
+
+    if Path(path).suffix != ".onnx":
+        raise BertkitError(f"--onnx {path}: give a file name ending in .onnx")
+    path = check_output_file(path, overwrite, option="--onnx")
+    int8_path = path.with_name(path.stem + ".int8.onnx")
+    if int8:
+        check_output_file(int8_path, overwrite, option="--onnx (its int8 copy)")
+    tokenizer = load_tokenizer(folder)
+    bert, _ = load_model(folder, heads=False, quiet=True)
+    bert.eval()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, lambda tmp: export_onnx(bert, tmp))
+    report = {"onnx": str(path), "max_abs_diff": check_parity(bert, tokenizer, path)}
+    if int8:
+        atomic_write(int8_path, lambda tmp: quantize_int8(path, tmp))
+        report["int8"] = str(int8_path)
+        report["int8_max_abs_diff"] = check_parity(bert, tokenizer, int8_path)
+    return report
+
+
 CHECK_TEXTS = ["The quick brown fox jumps over the lazy dog.", "BERT reads both ways.",
                "A longer sentence, with commas and numbers like 1984, to vary the padding within the batch."]
 
