@@ -198,9 +198,9 @@ CASES = [
     ("pretrain-out-is-file", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --out {tmp}/a_file",
      "a_file: exists and is not a folder"),
     ("pretrain-save-every-negative", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --save-every -1 "
-     "--out {tmp}/new", "save_every must be at least 0 (0: only at the end), got -1"),
+     "--out {tmp}/new", "--save-every must be at least 0 (0: only at the end), got -1"),
     ("pretrain-eval-every-zero", "pretrain --corpus {tmp}/texts.txt --model tiny --steps 1 --eval-every 0 "
-     "--out {tmp}/new", "eval_every must be at least 1, got 0"),
+     "--out {tmp}/new", "--eval-every must be at least 1, got 0"),
     ("pretrain-vocab-size-with-vocab", "pretrain --corpus {tmp}/texts.txt --vocab {tmp}/my_vocab --vocab-size 50 "
      "--steps 1 --out {tmp}/new", "--vocab-size is the size of a vocabulary trained on the corpus"),
     ("pretrain-vocab-size-with-folder", "pretrain --corpus {tmp}/texts.txt --model {tiny} --vocab-size 50 "

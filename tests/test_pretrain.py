@@ -391,7 +391,7 @@ def test_recipes_fill_only_what_the_user_left_open(tmp_path, wiki_excerpt):
     for bad, match in ((dict(budget="ten"), "expected a duration"), (dict(budget="-1m"), "positive duration"),
                        (dict(steps=5, budget="1m"), "not both"), (dict(lr=float("nan")), "lr must be"),
                        (dict(lr=-1.0), "lr must be"), (dict(recipe="magic"), "unknown recipe"),
-                       (dict(steps="two"), "option steps: expected int"), (dict(max_len=100000), "over BERT's 512"),
+                       (dict(steps="two"), r"option steps \(--steps\): expected int"), (dict(max_len=100000), "over BERT's 512"),
                        (dict(dropout=1.0), "dropout must be"), (dict(precision="fp16"), "precision must be")):
         with pytest.raises(BertkitError, match=match):
             PretrainConfig(out=str(tmp_path / "x"), **bad)
@@ -491,7 +491,7 @@ def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, wiki_excerpt)
     (tmp_path / "a-file").write_text("x")
     with pytest.raises(BertkitError, match="is a file, not a folder"):
         pretrain(_cfg(wiki_excerpt, tmp_path / "a-file" / "run"))
-    with pytest.raises(BertkitError, match="keep_checkpoints must be at least 1"):
+    with pytest.raises(BertkitError, match="--keep-checkpoints must be at least 1"):
         _cfg(wiki_excerpt, tmp_path / "x", keep_checkpoints=0)
 
 

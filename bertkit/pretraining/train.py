@@ -151,26 +151,26 @@ class PretrainConfig:
         for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "eval_every", "vocab_size",
                      "max_predictions", "eval_pairs", "keep_checkpoints"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise BertkitError(f"{name} must be at least 1, got {getattr(self, name)}")
+                raise BertkitError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.save_every < 0:
-            raise BertkitError(f"save_every must be at least 0 (0: only at the end), got {self.save_every}")
+            raise BertkitError(f"--save-every must be at least 0 (0: only at the end), got {self.save_every}")
         if not (math.isfinite(self.lr) and self.lr > 0):
-            raise BertkitError(f"lr must be a positive number, got {self.lr}")
+            raise BertkitError(f"--lr must be a positive number, got {self.lr}")
         if self.short_len and not 5 <= self.short_len < self.max_len:
-            raise BertkitError(f"short_len must be 0 (one phase) or from 5 to below max_len {self.max_len}, "
+            raise BertkitError(f"--short-len must be 0 (one phase) or from 5 to below max_len {self.max_len}, "
                                f"got {self.short_len}")
         for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1), ("short_share", 0, 1)):
             if not low <= getattr(self, name) < high:
-                raise BertkitError(f"{name} must be in [{low}, {high}), got {getattr(self, name)}")
+                raise BertkitError(f"{_flag(name)} must be in [{low}, {high}), got {getattr(self, name)}")
         for name in ("nsp_weight", "weight_decay", "clip"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
-                raise BertkitError(f"{name} must be a number >= 0, got {getattr(self, name)}")
+                raise BertkitError(f"{_flag(name)} must be a number >= 0, got {getattr(self, name)}")
         if self.batch_size % self.grad_accum:
-            raise BertkitError(f"batch size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+            raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
         if not 0 < self.mask_prob < 1:
-            raise BertkitError(f"mask_prob must be between 0 and 1, got {self.mask_prob}")
+            raise BertkitError(f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
         if self.precision not in TRAINING_PRECISIONS:
-            raise BertkitError(f"precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
+            raise BertkitError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.max_len < 5:
             raise BertkitError(f"max length {self.max_len} is too small for [CLS] A [SEP] B [SEP] "
                                "(needs at least 5 tokens: 3 special tokens and one of each text)")
@@ -190,7 +190,12 @@ class PretrainConfig:
             if isinstance(value, bool) and bool not in allowed:
                 allowed = ()
             if allowed and not isinstance(value, allowed):
-                raise BertkitError(f"option {f.name}: expected {f.type.replace(' | None', '')}, got {value!r}")
+                raise BertkitError(f"option {f.name} ({_flag(f.name)}): expected {f.type.replace(' | None', '')}, got {value!r}")
+
+
+def _flag(name: str) -> str:
+    """An option's flag, as errors name it (a TOML config takes the same name, dashes or underscores)."""
+    return "--" + name.replace("_", "-")
 
 
 # ---- set-up ---------------------------------------------------------------------------------
