@@ -297,11 +297,17 @@ def _check_out(cfg: FinetuneConfig, out: Path, log) -> Path | None:
     """The checkpoint to resume from, or None for a new run; refuses what would lose work."""
     if not cfg.resume:
         if has_checkpoint(out) and not cfg.overwrite:
+            if (out / "pretrain_config.json").is_file():
+                raise BertkitError(f"{out} holds a pretraining run with checkpoints; fine-tune it into another --out "
+                                   f"(--model {out})")
             raise BertkitError(f"{out} holds a fine-tuning run with checkpoints; pass --resume to continue it "
                                "(or --overwrite to start again)")
         check_output_folder(out, cfg.overwrite)
         shutil.rmtree(out / "checkpoints", ignore_errors=True)  # an overwritten run's: never mixed with ours
         return None
+    if (out / "pretrain_config.json").is_file():
+        raise BertkitError(f"{out} holds a pretraining run: `bertkit pretrain --resume --out {out}` continues it; "
+                           f"fine-tune it into another --out (--model {out})")
     ckpt = latest_checkpoint(out, log)
     if ckpt is None:
         raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
@@ -312,6 +318,24 @@ def _check_out(cfg: FinetuneConfig, out: Path, log) -> Path | None:
         raise BertkitError(f"{ckpt}: cannot resume exactly with changed options ({'; '.join(changed)})")
     check_output_folder(out, overwrite=True)  # still writable?
     return ckpt
+
+
+def _finished(cfg: FinetuneConfig, out: Path) -> dict | None:
+    """On --resume, the summary of a run in OUT that already ran to its end (its checkpoints are
+    removed then), so that resuming it ends at once as a resumed pretraining run does."""
+    if not cfg.resume or has_checkpoint(out):
+        return None
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        saved = {k: summary["config"][k] for k in FinetuneConfig.EXACT}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    changed = [f"{k}: {v!r} in the finished run vs {getattr(cfg, k)!r} now" for k, v in saved.items()
+               if v != getattr(cfg, k)]
+    if changed:
+        raise BertkitError(f"{out}: the run there is finished; a resume with changed options would not continue it "
+                           f"({'; '.join(changed)}); start a new run in another --out")
+    return summary
 
 
 def _split(rows: list, parts: int) -> list[list]:
@@ -365,6 +389,9 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     # by accident), then the model folder, then the data
     task = get_task(cfg.task)()
     user_options = task.check_options(cfg.options)
+    if (summary := _finished(cfg, out)) is not None:
+        log(f"the run in {out} is finished (summary.json): nothing to resume; its model is in {out}")
+        return summary if main else None
     # rank 0 checks --out (a check writes a probe into it), then every rank takes its answer
     ckpt = procs.broadcast(str(_check_out(cfg, out, log) or "") if main else None)
     ckpt = Path(ckpt) if ckpt else None

@@ -90,6 +90,16 @@ def test_sigkill_in_epoch_2_then_resume_equals_an_uninterrupted_run(tmp_path, ti
     lines = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == list(range(1, 25))  # no step logged twice
     assert not (killed / "checkpoints").exists()  # removed once the run completed
+    # resuming the finished run ends at once (exit 0, nothing rewritten), as pretraining's does;
+    # with changed options it is refused
+    before = {p.name: p.stat().st_mtime_ns for p in killed.iterdir()}
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, killed), "--resume"],
+                         capture_output=True, text=True, env=ENV)
+    assert run.returncode == 0 and "is finished" in run.stderr, run.stderr[-2000:]
+    assert {p.name: p.stat().st_mtime_ns for p in killed.iterdir()} == before
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, killed), "--resume", "--epochs", "4"],
+                         capture_output=True, text=True, env=ENV)
+    assert run.returncode == 2 and "epochs: 3 in the finished run vs 4 now" in run.stderr, run.stderr[-2000:]
 
 
 def test_resume_refuses_changed_options(tmp_path, tiny, data, capsys):
@@ -101,6 +111,14 @@ def test_resume_refuses_changed_options(tmp_path, tiny, data, capsys):
     assert "changed options (lr: 5e-05 in the checkpoint vs 0.001 now)" in capsys.readouterr().err
     assert main(_args(tiny, data, tmp_path / "none", "--resume")) == 2
     assert "no checkpoint to resume from" in capsys.readouterr().err
+    # a pretraining run's folder (its checkpoints look alike) is named as one, with or without --resume
+    pretraining = tmp_path / "pretraining"
+    (pretraining / "checkpoints" / "step_5").mkdir(parents=True)
+    (pretraining / "checkpoints" / "step_5" / "trainer.json").write_text("{}")
+    (pretraining / "pretrain_config.json").write_text("{}")
+    for extra in ((), ("--resume",)):
+        assert main(_args(tiny, data, pretraining, *extra)) == 2
+        assert f"{pretraining} holds a pretraining run" in capsys.readouterr().err
 
 
 def _grads(model_folder, data, grad_accum, procs=None, rows=None):
