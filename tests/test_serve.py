@@ -310,6 +310,14 @@ def test_empty_text_pairs_are_refused_like_empty_texts(tiny_bert, classifier):
             r = c.post("/predict", json={"inputs": [item]})
             assert r.status_code == 422 and words in r.json()["error"], r.text
 
+    # a classify input's text_pair counts against --max-tokens with its text, as /encode's pairs do
+    with client(classifier, max_tokens=12) as c:
+        fits, over = {"text": "a good film", "text_pair": "yes"}, {"text": "a good film", "text_pair": "yes " * 8}
+        r = c.post("/predict", json={"inputs": ["fine", fits]})
+        assert r.status_code == 200, r.text
+        r = c.post("/predict", json={"inputs": ["fine", over]})
+        assert r.status_code == 413 and "inputs[1]: 14 tokens, over the limit of 12" in r.json()["error"], r.text
+
 
 def test_lone_surrogates_are_a_422_naming_the_field(tiny_bert, classifier):
     """A \\ud800 escape in a JSON string decodes to a lone surrogate, which neither the tokenizer

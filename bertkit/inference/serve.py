@@ -115,7 +115,7 @@ class Served:
 
     def count(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
         """Tokens per text (or pair), specials included, never truncated."""
-        items = list(zip(texts, pairs)) if pairs is not None else texts
+        items = [t if p is None else (t, p) for t, p in zip(texts, pairs)] if pairs is not None else texts
         return [len(e.ids) for e in self.counter.encode_batch(items)]
 
     def info(self) -> dict:
@@ -439,7 +439,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             if not t.strip():
                 raise RequestError(422, f"{field}[{i}]: empty text")
         for i, t in enumerate(pairs or ()):
-            if not t.strip():
+            if t is not None and not t.strip():
                 raise RequestError(422, f"{pair_field}[{i}]: empty text")
         counts = served.count(texts, pairs)
         for i, n in enumerate(counts):
@@ -515,8 +515,10 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             tokens = check_texts(list(body.inputs), None, "inputs", limit,
                                  limit_name=f"the max_len the {served.task.name} model was fine-tuned with"
                                  if limit < max_tokens else None)
-        else:
-            tokens = check_texts([x if isinstance(x, str) else x["text"] for x in body.inputs], None, "inputs")
+        else:  # a classify input's text_pair counts with its text, as they are read together
+            texts = [x if isinstance(x, str) else x["text"] for x in body.inputs]
+            pairs = [None if isinstance(x, str) else x.get("text_pair") for x in body.inputs]
+            tokens = check_texts(texts, pairs if any(p is not None for p in pairs) else None, "inputs")
         results = await batcher.submit(("predict",), examples, tokens)
         return {"task": served.task.name, "predictions": results}
 
