@@ -28,6 +28,22 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
 
 
+def _renumber(tok: Tokenizer) -> None:
+    """Number a trained vocabulary in an order of its own: the special tokens first (ids 0-4, as
+    trained), then single characters, "##" characters, longer pieces and "##" pieces, each in code
+    point order. `tokenizers` numbers the alphabet and equally frequent merges in hash order, which
+    changes with every training: the same pieces got other ids each time (every vocab.txt
+    differed, and so did models of the same text and seed). The pieces learned can still differ
+    where equally frequent merges compete (the README says how often)."""
+    def key(t: str):
+        piece = t.removeprefix("##")
+        return len(piece) > 1, piece != t, t
+    vocab = tok.get_vocab()
+    order = [t for t in SPECIAL_TOKENS if t in vocab] + sorted((t for t in vocab if t not in SPECIAL_TOKENS), key=key)
+    tok.model = models.WordPiece({t: i for i, t in enumerate(order)}, unk_token=UNK, max_input_chars_per_word=100,
+                                 continuing_subword_prefix="##")
+
+
 @dataclass
 class Batch:
     # torch.Tensor, or int64 numpy arrays from pad(..., tensors="np") (ONNX Runtime needs no torch)
@@ -178,6 +194,7 @@ class WordPieceTokenizer:
         tok.train_from_iterator(texts, trainer=trainer)
         if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
             raise BertkitError("the training text is empty: no vocabulary could be learned")
+        _renumber(tok)
         _set_post_processor(tok)
         return cls(tok, lowercase)
 

@@ -51,8 +51,7 @@ def tiny_bert(tmp_path_factory, minilm_folder):
 
 @pytest.fixture(scope="session")
 def vocab(tmp_path_factory, wiki_excerpt):
-    """One vocabulary for the runs compared with each other (WordPiece training in `tokenizers`
-    breaks ties in hash order, so two trainings can differ)."""
+    """One vocabulary, trained once, for the runs that take --vocab."""
     from bertkit.cli import main
     out = tmp_path_factory.mktemp("vocab")
     assert main(["tokenizer", "train", "--corpus", str(wiki_excerpt), "--vocab-size", "600", "--out", str(out)]) == 0

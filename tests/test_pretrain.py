@@ -66,9 +66,9 @@ def test_a_first_phase_on_short_pairs_then_full_length(tmp_path, wiki_excerpt, v
     # the recipe's first phase is dropped when the pairs are that short already; a user's is checked
     assert _cfg(wiki_excerpt, out, max_len=32).short_len == 0
     assert _cfg(wiki_excerpt, out, max_len=64).short_len == 32
-    with pytest.raises(BertkitError, match="short_len"):
+    with pytest.raises(BertkitError, match="--short-len"):
         _cfg(wiki_excerpt, out, max_len=32, short_len=40)
-    with pytest.raises(BertkitError, match="short_share"):
+    with pytest.raises(BertkitError, match="--short-share"):
         _cfg(wiki_excerpt, out, max_len=64, short_share=1.5)
 
 

@@ -184,6 +184,40 @@ def test_train_save_and_reload(tmp_path):
         WordPieceTokenizer.train([], vocab_size=100)
 
 
+def test_trained_ids_depend_on_the_pieces_alone(wiki_excerpt):
+    """`tokenizers` numbers the alphabet and equally frequent merges in hash order, which changes
+    with every training: the pieces are renumbered in an order of their own, the same whatever
+    ids training gave them, and they tokenize as the trained model does."""
+    import random
+
+    from tokenizers import Tokenizer, models, trainers
+
+    from bertkit.tokenizer import SPECIAL_TOKENS, UNK, _bert_pipeline, _renumber
+    texts = [line for line in wiki_excerpt.read_text().splitlines() if line]
+    raw = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)), True)
+    raw.train_from_iterator(iter(texts), trainer=trainers.WordPieceTrainer(
+        vocab_size=1500, min_frequency=2, special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
+        show_progress=False))
+    ours = Tokenizer.from_str(raw.to_str())
+    _renumber(ours)
+    assert set(ours.get_vocab()) == set(raw.get_vocab()) and ours.get_vocab() != raw.get_vocab()
+    assert [ours.id_to_token(i) for i in range(8)] == SPECIAL_TOKENS + ["!", '"', "#"]
+    probe = texts[:300] + ["naïve café [MASK] 東京", "x" * 150, "unbelievably " * 3]
+    assert [e.tokens for e in ours.encode_batch(probe)] == [e.tokens for e in raw.encode_batch(probe)]
+    # the same pieces numbered otherwise (as another training numbers them) end with the same ids
+    pieces = [t for t in raw.get_vocab() if t not in SPECIAL_TOKENS]
+    random.Random(0).shuffle(pieces)
+    shuffled = Tokenizer.from_str(raw.to_str())
+    shuffled.model = models.WordPiece({t: i for i, t in enumerate(SPECIAL_TOKENS + pieces)}, unk_token=UNK,
+                                      max_input_chars_per_word=100, continuing_subword_prefix="##")
+    _renumber(shuffled)
+    assert shuffled.get_vocab() == ours.get_vocab()
+    trained = WordPieceTokenizer.train(iter(texts), vocab_size=1500).tok.get_vocab()
+    assert sorted(trained.values()) == list(range(len(trained)))
+    if set(trained) == set(raw.get_vocab()):  # the pieces learned can differ where merges tie
+        assert trained == ours.get_vocab()
+
+
 def test_vocab_txt_only_folder_keeps_special_tokens_whole(tmp_path, minilm_folder, minilm_tok):
     # without registered special tokens "[MASK]" was split by punctuation into [UNK] [UNK] [UNK]
     (tmp_path / "vocab.txt").write_bytes((minilm_folder / "vocab.txt").read_bytes())

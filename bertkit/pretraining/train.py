@@ -242,8 +242,8 @@ def _prepare_tokenizer(cfg: PretrainConfig, data: Path, documents: _Documents, l
     elif cfg.vocab is not None:
         tok = WordPieceTokenizer.from_folder(cfg.vocab)
     else:
-        # note: `tokenizers` breaks ties between equally frequent merges in hash order, so two
-        # trainings on the same text can differ slightly; pass --vocab for reproducible runs
+        # the pieces can differ between trainings where merges tie (tokenizer.py, _renumber);
+        # --vocab makes a run repeat exactly
         log(f"training a WordPiece vocabulary of {cfg.vocab_size} on {cfg.corpus}")
         tok = WordPieceTokenizer.train((s for doc in documents for s in doc), cfg.vocab_size)
     data.mkdir(parents=True, exist_ok=True)
