@@ -215,15 +215,15 @@ def test_best_spans_equals_brute_force(tok, examples):
         for n, ex in enumerate(exs):
             rows = [w for w in range(len(f)) if f.example_index[w] == n]
             want, null = brute_force(Sl, El, f, rows, ex.context, n_best, max_answer_len)
-            spans = [d for d in got[ex.id] if d["start_char"] is not None]
+            spans = [d for d in got[n] if d["start_char"] is not None]
             assert spans == want
             if version_2:
-                assert [d["score"] for d in got[ex.id] if d["start_char"] is None] == [null]
+                assert [d["score"] for d in got[n] if d["start_char"] is None] == [null]
                 is_null = null - want[0]["score"] > diff
                 nulls, decisions = nulls + is_null, decisions + 1
-                assert preds[ex.id] == ("" if is_null else want[0]["text"])
+                assert preds[n] == ("" if is_null else want[0]["text"])
             else:
-                assert preds[ex.id] == want[0]["text"] and len(got[ex.id]) == len(want)
+                assert preds[n] == want[0]["text"] and len(got[n]) == len(want)
     assert 10 < nulls < decisions - 10, (nulls, decisions)  # both outcomes of the null decision
 
 
@@ -233,7 +233,7 @@ def test_best_spans_finds_the_gold_with_oracle_logits(tok, examples):
     S, E = torch.full((len(f), T), -10.0), torch.full((len(f), T), -10.0)
     S[torch.arange(len(f)), torch.tensor(f.start_positions)] = 10.0
     E[torch.arange(len(f)), torch.tensor(f.end_positions)] = 10.0
-    preds = predictions(best_spans(S, E, f, examples))
+    preds = dict(zip((ex.id for ex in examples), predictions(best_spans(S, E, f, examples))))
     assert squad_metrics(preds, examples) == {"exact": 100.0, "f1": 100.0, "total": 434}
     with pytest.raises(BertkitError, match="windows"):
         best_spans(S[:-1], E[:-1], f, examples)
@@ -291,3 +291,23 @@ def test_split_by_article(examples):
     assert len({frozenset(e.title for e in split_by_article(examples, 0.2, s)[1]) for s in range(10)}) > 1
     with pytest.raises(BertkitError, match="at least 2"):
         split_by_article([e for e in examples if e.title == examples[0].title])
+
+
+def test_qa_answers_come_from_their_own_question_whatever_the_ids(tok):
+    """predict's ids come from the input (or its line numbers) and serve numbers each request's
+    questions from 0, so ids repeat: each answer must still come from its own context (they
+    were keyed by id, and a repeated id took the last context's answer)."""
+    from bertkit.tasks.qa import QATask
+    exs = [QAExample("q", "Who wrote it?", "Shakespeare wrote Hamlet around 1600.", [], False, ""),
+           QAExample("q", "What is the capital?", "Paris is the capital of France.", [], False, ""),
+           QAExample("3", "What colour?", "Blue skies over the sea.", [], False, ""),
+           QAExample("3", "Which river?", "Seine flows through Paris.", [], False, "")]
+    task = QATask()
+    feats = task.features(exs, tok, 64)
+    T = max(len(f["input_ids"]) for f in feats)
+    start, end = torch.full((len(feats), T), -10.0), torch.full((len(feats), T), -10.0)
+    for w, f in enumerate(feats):  # every window points at its context's first token
+        first = next(i for i, o in enumerate(f["offsets"]) if o is not None)
+        start[w, first] = end[w, first] = 10.0
+    answers = [p["answer"] for p in task.decode([(start, end)], feats, exs)]
+    assert answers == ["Shakespeare", "Paris", "Blue", "Seine"]

@@ -90,8 +90,8 @@ class QATask(Task):
                            max_answer_len=int(self.info.get("max_answer_len", 30)),
                            null_score_diff=float(self.info.get("null_score_diff", 0.0)),
                            version_2=bool(self.info.get("version_2", False)))
-        return [{"id": ex.id, "answer": nbest[ex.id][0]["text"] if nbest[ex.id] else "", "nbest": nbest[ex.id][:5]}
-                for ex in examples]
+        return [{"id": ex.id, "answer": spans[0]["text"] if spans else "", "nbest": spans[:5]}
+                for ex, spans in zip(examples, nbest)]
 
     def metrics(self, predictions, examples):
         return squad_metrics({p["id"]: p["answer"] for p in predictions}, examples)

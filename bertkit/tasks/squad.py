@@ -165,8 +165,9 @@ def make_windows(examples: list[QAExample], tokenizer: WordPieceTokenizer, max_l
 # ---- decoding ----
 def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QAExample], n_best: int = 20,
                max_answer_len: int = 30, null_score_diff: float = 0.0,
-               version_2: bool = False) -> dict[str, list[dict]]:
-    """The n best answer spans per question over all its windows, best (the prediction) first.
+               version_2: bool = False) -> list[list[dict]]:
+    """The n best answer spans per question over all its windows, best (the prediction) first,
+    in the order of `examples` (not keyed by id: predict's and serve's ids need not be unique).
 
     Logits are (windows, T) with T >= the longest window. A span is a (start, end) token pair
     inside the context with end - start < max_answer_len; its score is start + end logit.
@@ -211,7 +212,7 @@ def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QA
                 key = (offs[i][0], offs[i + d][1])
                 if v > cand.get(key, float("-inf")):
                     cand[key] = v
-    out: dict[str, list[dict]] = {}
+    out: list[list[dict]] = []
     seen = set(features.example_index)
     for n, ex in enumerate(examples):
         if n not in seen:
@@ -222,13 +223,13 @@ def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QA
             # null beats a span only by more than null_score_diff
             pos = sum(1 for d in best if null[n] - d["score"] <= null_score_diff)
             best.insert(pos, {"text": "", "score": null[n], "start_char": None, "end_char": None})
-        out[ex.id] = best
+        out.append(best)
     return out
 
 
-def predictions(nbest: dict[str, list[dict]]) -> dict[str, str]:
+def predictions(nbest: list[list[dict]]) -> list[str]:
     """The top text per question ("" when there is no candidate or "no answer" wins)."""
-    return {qid: (lst[0]["text"] if lst else "") for qid, lst in nbest.items()}
+    return [lst[0]["text"] if lst else "" for lst in nbest]
 
 
 # ---- metrics (the official SQuAD v2.0 evaluation script, which extends v1.1's) ----
