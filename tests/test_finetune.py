@@ -454,3 +454,55 @@ def test_ner_decodes_the_best_valid_bio_sequence(minilm_folder):
     other = NerTask()
     other.fit([{"words": ["Peter"], "tags": ["PER"]}], {})
     assert other.info["decode"] == "argmax"  # not BIO: each word's own most likely tag
+
+
+def test_iob1_tags_are_learned_as_bio_and_given_back_as_iob1(minilm_folder, tmp_path):
+    """CoNLL-2003 as distributed is IOB1 (I-X begins an entity). Read as BIO, BIO decoding
+    forbade every entity start (no entity predicted at all) and the CRF's loss on the gold path
+    was about 1e4; now the data is told apart, learned as BIO and answered in IOB1."""
+    import random
+
+    from bertkit.data.readers import read_conll
+    from bertkit.data.registry import export
+    from bertkit.tasks.ner import NerTask, TagTask, tag_scheme, to_bio, to_iob1
+    folder = tmp_path
+    export("wnut16", folder / "wnut")
+    bio = [t for _, t in read_conll(folder / "wnut" / "train.conll")][:300]
+    iob1 = [to_iob1(t) for t in bio]
+    assert iob1 != bio and tag_scheme(bio) == "bio" and tag_scheme(iob1) == "iob1"
+    assert [to_bio(t) for t in iob1] == bio and [to_iob1(to_bio(t)) for t in iob1] == iob1
+    # two entities of a type side by side keep their B- in IOB1; a stray I- in BIO data becomes B-
+    assert to_iob1(["B-PER", "B-PER", "I-PER", "O", "B-LOC"]) == ["I-PER", "B-PER", "I-PER", "O", "I-LOC"]
+    assert to_bio(["O", "I-PER", "I-LOC", "B-LOC"]) == ["O", "B-PER", "B-LOC", "B-LOC"]
+    rng = random.Random(0)
+    for _ in range(300):  # random valid BIO sequences survive the round trip
+        seq, prev = [], "O"
+        for _ in range(rng.randint(1, 8)):
+            t = rng.choice(["O", "B-A", "B-B"] + (["I-" + prev[2:]] * 2 if prev != "O" else []))
+            seq.append(t)
+            prev = t
+        assert to_bio(to_iob1(seq)) == seq
+
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    words = [w for w, _ in read_conll(folder / "wnut" / "train.conll")][:300]
+    as_bio = [{"words": w, "tags": t} for w, t in zip(words, bio)]
+    as_iob1 = [{"words": w, "tags": t} for w, t in zip(words, iob1)]
+    for cls in (NerTask, TagTask):
+        a, b = cls(), cls()
+        a.fit(as_bio, {})
+        b.fit(as_iob1, {})
+        assert b.info["scheme"] == "iob1" and a.info["scheme"] == "bio" and a.info["labels"] == b.info["labels"]
+        fa, fb = a.features(as_bio, tok, 64), b.features(as_iob1, tok, 64)
+        assert [f["word_labels"] for f in fa] == [f["word_labels"] for f in fb]
+        # gold paths decode to each scheme's own tags, and score as exact
+        rows = [f["word_labels"] for f in fb]
+        preds = b.decode([rows], fb, as_iob1)
+        assert preds == iob1 and b.metrics(preds, as_iob1)["f1"] == 1.0
+        assert a.decode([rows], fa, as_bio) == bio
+    crf_task = TagTask()
+    crf_task.fit(as_iob1, {})
+    head = crf_task.head(type("C", (), {"hidden_size": 8})(), None)
+    batch = crf_task.collate(crf_task.features(as_iob1[:16], tok, 64), tok)
+    emissions = torch.zeros(*batch["word_labels"].shape, len(crf_task.info["labels"]))
+    loss = head.crf(emissions, batch["word_labels"], batch["word_mask"].bool())
+    assert float(loss) < 100  # a uniform model's loss: a few nats per word, not 1e4

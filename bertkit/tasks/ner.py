@@ -9,6 +9,13 @@ that tokenize to no piece at all (a zero-width space "\u200b", a soft hyphen "\u
 variation selector "\ufe0f": the normaliser drops them). Keying by word id keeps such a word
 from shifting every later label onto the next word.
 
+Tags are read as BIO (IOB2). Data in IOB1 (CoNLL-2003 as distributed: I-X begins an entity,
+B-X only where one directly follows another of the same type) is told apart by its entity
+starts, trained and decoded as BIO, and its predictions given back in IOB1: read as BIO, the
+constrained decoding would forbid its entity starts (no entity at all where it has no B- tag)
+and the CRF's loss would be about 1e4 per sentence. A stray I-X that begins an entity in BIO
+data is read as B-X, as seqeval reads it.
+
 `ner` decodes BIO tags by default as the best valid tag sequence under its softmax (Viterbi
 over the per-word log-probabilities, I-X only after B-X or I-X): the same weights as
 transformers' BertForTokenClassification, without its invalid spans. `--option decode=argmax`
@@ -24,6 +31,42 @@ from torch import nn
 from ..errors import BertkitError
 from .base import Task, bert_inputs, one_of, pad, probability
 from .crf import CRF, bio_constraints
+
+
+def _kind(tag: str) -> str | None:
+    return tag[2:] if tag[:2] in ("B-", "I-") and len(tag) > 2 else None
+
+
+def to_bio(tags: list[str]) -> list[str]:
+    """IOB1 (or BIO with stray I- tags) to BIO: an I-X that begins an entity (first word, after
+    O or after another type) becomes B-X."""
+    out, prev = [], "O"
+    for t in tags:
+        out.append("B-" + t[2:] if t.startswith("I-") and _kind(prev) != _kind(t) else t)
+        prev = t
+    return out
+
+
+def to_iob1(tags: list[str]) -> list[str]:
+    """BIO to IOB1: B-X stays only where an entity directly follows another of type X."""
+    out, prev = [], "O"
+    for t in tags:
+        out.append("I-" + t[2:] if t.startswith("B-") and _kind(prev) != _kind(t) else t)
+        prev = t
+    return out
+
+
+def tag_scheme(sequences) -> str:
+    """"iob1" when entities begin with I- and never with B- (B- only between two of a type), else "bio"."""
+    b_starts = i_starts = 0
+    for tags in sequences:
+        prev = "O"
+        for t in tags:
+            if _kind(t) is not None and _kind(prev) != _kind(t):  # an entity begins here
+                b_starts += t.startswith("B-")
+                i_starts += t.startswith("I-")
+            prev = t
+    return "iob1" if i_starts and not b_starts else "bio"
 
 
 class TokenHead(nn.Module):
@@ -57,12 +100,19 @@ class NerTask(Task):
 
     def fit(self, train, options):
         super().fit(train, options)
-        labels = sorted({t for ex in train for t in ex["tags"]}, key=lambda t: (t != "O", t[2:], t[:2]))
+        names = sorted({t for ex in train for t in ex["tags"]})
         not_bio = None  # why the labels are not BIO (a label that is not O / B-X / I-X), if so
         try:
-            bio_constraints(labels)
+            bio_constraints(names)
         except ValueError as e:
             not_bio = e
+        if not not_bio:
+            self.info["scheme"] = tag_scheme(ex["tags"] for ex in train)
+            stray = sum(a != b for ex in train for a, b in zip(ex["tags"], to_bio(ex["tags"])))
+            if self.info["scheme"] == "bio" and stray:
+                print(f"bertkit: {stray} training tag(s) I-X begin an entity (after O or another type): "
+                      "read as B-X", file=sys.stderr)
+        labels = sorted({t for ex in train for t in self._as_bio(ex["tags"])}, key=lambda t: (t != "O", t[2:], t[:2]))
         if not_bio and self.use_crf:
             raise BertkitError(f"the CRF's transition constraints need BIO tags: {not_bio}") from None
         if not self.use_crf:
@@ -73,10 +123,15 @@ class NerTask(Task):
             self.info.setdefault("decode", "argmax" if not_bio else "bio")
         self.info["labels"] = labels
 
+    def _as_bio(self, tags: list[str]) -> list[str]:
+        """Tags as the model learns them: BIO when the data's labels are BIO-shaped (a folder from
+        before "scheme" was recorded, or with other labels, reads them as they are)."""
+        return to_bio(tags) if "scheme" in self.info else tags
+
     def check(self, examples, source):
         known = set(self.info["labels"])
         for i, ex in enumerate(examples):
-            bad = [t for t in (ex["tags"] or []) if t not in known]
+            bad = [t for t in self._as_bio(ex["tags"] or []) if t not in known]
             if bad:
                 raise BertkitError(f"{source}, sentence {i + 1}: tag {bad[0]!r} is not one the model knows "
                                    f"({', '.join(self.info['labels'])})")
@@ -105,7 +160,8 @@ class NerTask(Task):
             empty += len(missing) - cut_here
             labels = [-100] * len(e.ids)
             # by word id, never by rank: a zero-piece word must not shift later labels
-            word_labels = [index[ex["tags"][w]] for w in start_words] if ex["tags"] else [0] * len(starts)
+            tags = self._as_bio(ex["tags"]) if ex["tags"] else None
+            word_labels = [index[tags[w]] for w in start_words] if tags else [0] * len(starts)
             for pos, lab in zip(starts, word_labels):
                 labels[pos] = lab
             feats.append({"input_ids": e.ids, "token_type_ids": [0] * len(e.ids), "attention_mask": [1] * len(e.ids),
@@ -160,7 +216,7 @@ class NerTask(Task):
             tags = ["O"] * f["n_words"]
             for w, i in zip(f["word_ids"], row):
                 tags[w] = labels[i]
-            preds.append(tags)
+            preds.append(to_iob1(tags) if self.info.get("scheme") == "iob1" else tags)
         return preds
 
     def metrics(self, predictions, examples):
