@@ -348,15 +348,21 @@ def _split(rows: list, parts: int) -> list[list]:
 def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: Processes, grad_accum: int,
                          autocast=contextlib.nullcontext()) -> float:
     """Forward and backward over this rank's share of a global batch `feats`, in `grad_accum`
-    micro-batches; returns the global batch's mean loss (the same on every rank).
+    micro-batches; returns the global batch's mean loss (the same on every rank), or None when
+    nothing in the batch has a target (the gradients are then zero).
 
-    Each micro-batch's mean loss weighs by its share of the global batch's examples, so the
-    gradient is that of the global batch's mean, however it is split into micro-batches and
-    ranks (DistributedDataParallel averages over ranks, hence the factor `procs.world`)."""
+    Each micro-batch's mean loss weighs by its share of the global batch's loss units (examples;
+    ner's labelled words, summarize's labelled sentences: Task.loss_units), so the gradient is
+    that of the global batch's mean, however it is split into micro-batches and ranks
+    (DistributedDataParallel averages over ranks, hence the factor `procs.world`)."""
     mine = _split(list(range(len(feats))), procs.world)[procs.rank]
     micros = [m for m in _split(mine, grad_accum) if m]
     device = procs.device
+    units = [sum(task.loss_units(feats[j]) for j in micro) for micro in micros]
+    total = torch.tensor(float(sum(units)), dtype=torch.float64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    if procs.world > 1:
+        torch.distributed.all_reduce(total)
     for i, micro in enumerate(micros):
         batch = {k: v.to(device) for k, v in task.collate([feats[j] for j in micro], tokenizer).items()}
         # gradients are averaged across ranks once per step, on the last micro-batch
@@ -364,11 +370,15 @@ def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: P
         with sync:
             with autocast:
                 loss, _ = net(batch)
-            (loss.float() * (len(micro) * procs.world / len(feats))).backward()
-        loss_sum += loss.detach().double() * len(micro)
+            if loss is None or not units[i]:  # no target here: a zero gradient, still a backward
+                # (every rank's DistributedDataParallel waits for every parameter's gradient)
+                (sum(p.sum() for p in net.parameters() if p.requires_grad) * 0.0).backward()
+                continue
+            (loss.float() * (units[i] * procs.world / float(total))).backward()
+        loss_sum += loss.detach().double() * units[i]
     if procs.world > 1:
         torch.distributed.all_reduce(loss_sum)
-    return float(loss_sum) / len(feats)
+    return float(loss_sum / total) if float(total) else None
 
 
 def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
@@ -494,17 +504,18 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
                 batch_loss = accumulate_gradients(net, task, [train_feats[j] for j in groups[b]], tok, procs,
                                                   cfg.grad_accum, autocast)
                 # checked before opt.step: a NaN/inf loss or gradient never reaches the weights (nor
-                # AdamW's moments); such a step is skipped, and a run of them stops the run
-                finite, _ = clipped_step(model, opt, cfg.clip, math.isfinite(batch_loss), guard)
+                # AdamW's moments); such a step is skipped, and a run of them stops the run. A batch
+                # with no target at all steps on zero gradients and logs no loss.
+                finite, _ = clipped_step(model, opt, cfg.clip, batch_loss is None or math.isfinite(batch_loss), guard)
                 step += 1
                 took = time.perf_counter() - t0
                 step_s = 0.8 * step_s + 0.2 * took if step_s else took
-                if finite:
+                if finite and batch_loss is not None:
                     window["loss"] += batch_loss
                     window["n"] += 1
                     window["examples"] += len(groups[b])
                     window["compute"] += took
-                else:
+                elif not finite:
                     log(f"step {step}: the loss or gradient norm is not finite; step skipped ({guard.skipped} so far)")
                     if guard.in_a_row >= guard.limit:
                         raise BertkitError(

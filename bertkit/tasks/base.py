@@ -143,6 +143,13 @@ class Task:
         """(loss or None when the batch has no targets, outputs for decode)."""
         raise NotImplementedError
 
+    def loss_units(self, feat: dict) -> int:
+        """How many of the things forward()'s loss is a mean over this feature holds (an example
+        with a label by default; ner: labelled words, summarize: labelled sentences): gradient
+        accumulation and ranks weigh each micro-batch's mean loss by them, so a step's gradient
+        is that of the whole batch's mean however the batch is split."""
+        return int(feat["labels"] != -100)
+
     def decode(self, outputs: list, feats: list[dict], examples: list) -> list:
         raise NotImplementedError
 

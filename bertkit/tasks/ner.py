@@ -176,6 +176,11 @@ class NerTask(Task):
                   f"they are predicted 'O'", file=sys.stderr)
         return feats
 
+    def loss_units(self, feat):
+        if self.use_crf:  # the CRF's loss: a mean over sentences with at least one word to score
+            return int(bool(feat["word_starts"]) and any(lab != -100 for lab in feat["labels"]))
+        return sum(lab != -100 for lab in feat["labels"])  # cross-entropy: a mean over labelled words
+
     def collate(self, feats, tokenizer):
         return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100,
                            "word_starts": 0, "word_labels": 0, "word_mask": 0})

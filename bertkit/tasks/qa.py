@@ -63,6 +63,9 @@ class QATask(Task):
                  "example_index": windows.example_index[i], "offsets": windows.offsets[i]}
                 for i in range(len(windows))]
 
+    def loss_units(self, feat):  # the loss: a mean over windows (all with targets, or none)
+        return int(feat["has_targets"])
+
     def collate(self, feats, tokenizer):
         return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0,
                            "start_positions": 0, "end_positions": 0, "has_targets": 0})

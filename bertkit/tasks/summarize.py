@@ -62,6 +62,9 @@ class SummarizeTask(Task):
                   "scored (never selected)", file=sys.stderr)
         return feats
 
+    def loss_units(self, feat):  # the loss: a mean over labelled sentences
+        return sum(lab != -100 for lab in feat["sentence_labels"])
+
     def collate(self, feats, tokenizer):
         return pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0,
                            "cls_at": 0, "sentence_labels": -100})
