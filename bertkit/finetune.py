@@ -198,21 +198,29 @@ def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -
 
 @torch.no_grad()
 def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, batch_size=64,
-                 precision: str = "fp32") -> tuple[list, list[float]]:
-    """The task's raw outputs per batch, and each batch's loss when the features carry targets."""
+                 precision: str = "fp32") -> tuple[list, list[tuple[float, int]]]:
+    """The task's raw outputs per batch, and when the features carry targets each batch's
+    (loss x loss units, loss units): _mean_loss weighs the batches by what their losses average
+    over, so the mean does not depend on the batch size (a short last batch counted as a full one)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     autocast = precision_context(device, precision)
     outputs, losses = [], []
-    for batch in _batches(feats, task, tokenizer, batch_size, device):
+    groups = [list(range(s, min(s + batch_size, len(feats)))) for s in range(0, len(feats), batch_size)]
+    for group, batch in zip(groups, _batches(feats, task, tokenizer, batch_size, device, groups)):
         with autocast:
             loss, out = task.forward(model, batch)
         outputs.append(out)
-        if loss is not None:
-            losses.append(loss.item())
+        units = sum(task.loss_units(feats[i]) for i in group)
+        if loss is not None and units:
+            losses.append((loss.item() * units, units))
     model.train(was_training)
     return outputs, losses
+
+
+def _mean_loss(losses: list[tuple[float, int]]) -> float | None:
+    return sum(s for s, _ in losses) / sum(n for _, n in losses) if losses else None
 
 
 def _length_order(task: Task, feats: list[dict], examples: list) -> list[int]:
@@ -241,7 +249,7 @@ def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, to
     predictions."""
     order = _length_order(task, feats, examples)
     outputs, losses = task_outputs(task, model, [feats[i] for i in order], tokenizer, batch_size, precision)
-    return _decode(task, outputs, feats, examples, order), (sum(losses) / len(losses) if losses else None)
+    return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
 
 
 def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size: int,
@@ -260,7 +268,7 @@ def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, t
         return None
     outputs = [o for out, _ in parts for o in out]
     losses = [x for _, loss in parts for x in loss]
-    return _decode(task, outputs, feats, examples, order), (sum(losses) / len(losses) if losses else None)
+    return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
 
 
 def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None,
