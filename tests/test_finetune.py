@@ -531,3 +531,17 @@ def test_evaluation_loss_does_not_depend_on_the_batch_size(tmp_path, tiny_bert, 
     feats = task.features(examples, tok, 64)
     losses = [run_task(task, model, feats, examples, tok, batch_size=b)[1] for b in (1, 7, 16, 1000)]
     assert max(losses) - min(losses) < 1e-5, losses
+
+
+def test_word_targets_are_read_as_the_tokenizer_reads_text(minilm_folder):
+    """An uncased vocabulary strips accents: "Café" is its token "cafe" (it was counted as no
+    token, so never learned and always wrong); a cased vocabulary keeps the word as written."""
+    from bertkit.tasks import get_task
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    task = get_task("word")()
+    examples = [{"text": "coffee shop", "word": "Café"}, {"text": "simple", "word": "naïve"},
+                {"text": "big", "word": "size"}, {"text": "x", "word": "zzqxv"}]
+    task.fit(examples, {})
+    labels = [f["labels"] for f in task.features(examples, tok, 16)]
+    assert labels[:3] == [tok.token_to_id("cafe"), tok.token_to_id("naive"), tok.token_to_id("size")]
+    assert labels[3] == -100

@@ -311,3 +311,24 @@ def test_qa_answers_come_from_their_own_question_whatever_the_ids(tok):
         start[w, first] = end[w, first] = 10.0
     answers = [p["answer"] for p in task.decode([(start, end)], feats, exs)]
     assert answers == ["Shakespeare", "Paris", "Blue", "Seine"]
+
+
+def test_answers_keep_a_decomposed_accent_on_their_last_letter(tok):
+    """An uncased vocabulary's normaliser drops combining accents, so the last token of
+    "e\\u0301te\\u0301" ends before its final accent: the answer is taken up to the end of the
+    marks (it came back as "e\\u0301te" and scored no exact match)."""
+    from bertkit.tasks.qa import QATask
+    word = "e\u0301te\u0301"
+    exs = [QAExample("a", "When?", f"{word} chaud, cafe\u0301 froid.", [], False, ""),
+           QAExample("b", "What?", "Un cafe\u0301\u0300 noir.", [], False, "")]
+    task = QATask()
+    feats = task.features(exs, tok, 64)
+    T = max(len(f["input_ids"]) for f in feats)
+    start, end = torch.full((len(feats), T), -10.0), torch.full((len(feats), T), -10.0)
+    for w, (f, want) in enumerate(zip(feats, (word, "Un cafe\u0301\u0300"))):
+        offs = f["offsets"]
+        first = next(i for i, o in enumerate(offs) if o is not None)
+        last = max(i for i, o in enumerate(offs) if o is not None and o[1] <= len(want))
+        start[w, first], end[w, last] = 10.0, 10.0
+    answers = [p["answer"] for p in task.decode([(start, end)], feats, exs)]
+    assert answers == [word, "Un cafe\u0301\u0300"]

@@ -12,6 +12,7 @@ import json
 import random
 import re
 import string
+import unicodedata
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -194,6 +195,7 @@ def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QA
                           for offs in features.offsets], dtype=torch.bool).view(W, T + A - 1)
     Epad = torch.nn.functional.pad(E, (0, A - 1), value=float("-inf"))          # (W, T + A - 1)
     cands: list[dict[tuple[int, int], float]] = [{} for _ in examples]
+    contexts = [ex.context for ex in examples]
     null = [float("inf")] * len(examples)
     for w, v in enumerate((S[:, 0] + E[:, 0]).tolist()):  # [CLS] as the "no answer" span
         null[features.example_index[w]] = min(null[features.example_index[w]], v)
@@ -209,7 +211,7 @@ def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QA
                 if v == float("-inf"):  # fewer than n_best valid spans in this window
                     break
                 i, d = divmod(idx, A)
-                key = (offs[i][0], offs[i + d][1])
+                key = (offs[i][0], _past_marks(contexts[features.example_index[w]], offs[i + d][1]))
                 if v > cand.get(key, float("-inf")):
                     cand[key] = v
     out: list[list[dict]] = []
@@ -225,6 +227,15 @@ def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QA
             best.insert(pos, {"text": "", "score": null[n], "start_char": None, "end_char": None})
         out.append(best)
     return out
+
+
+def _past_marks(context: str, end: int) -> int:
+    """`end` moved past the combining marks that follow it: an uncased vocabulary's normaliser
+    strips accents, so a token's offsets end before a decomposed accent on its last letter
+    ("e\u0301te\u0301" would be answered "e\u0301te")."""
+    while end < len(context) and unicodedata.category(context[end]) in ("Mn", "Me"):
+        end += 1
+    return end
 
 
 def predictions(nbest: list[list[dict]]) -> list[str]:

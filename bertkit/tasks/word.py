@@ -52,8 +52,12 @@ class WordTask(Task):
         vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
         unreachable = 0
         feats = []
+        normalizer = tokenizer.tok.normalizer
+        normalize = normalizer.normalize_str if normalizer is not None else (lambda w: w)
         for ex, e in zip(examples, encs):
-            target = tokenizer.token_to_id(ex["word"].lower() if tokenizer.lowercase else ex["word"]) if ex["word"] else None
+            # the target as the tokenizer sees text (an uncased vocabulary strips accents too:
+            # "café" is the token "cafe"), then looked up whole
+            target = tokenizer.token_to_id(normalize(ex["word"])) if ex["word"] else None
             unreachable += ex["word"] is not None and target is None
             feats.append({"input_ids": e.ids, "token_type_ids": e.type_ids, "attention_mask": [1] * len(e.ids),
                           "labels": -100 if target is None else target,
