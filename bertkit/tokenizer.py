@@ -58,11 +58,14 @@ class Batch:
         return {k: getattr(self, k).to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
-def _bert_pipeline(tok: Tokenizer, lowercase: bool) -> Tokenizer:
+def _bert_pipeline(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None,
+                   chinese_chars: bool = True) -> Tokenizer:
     # BERT's basic tokenization: clean control characters, split CJK, lowercase and strip
-    # accents for uncased vocabularies, split on whitespace and punctuation.
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                strip_accents=None, lowercase=lowercase)
+    # accents for uncased vocabularies, split on whitespace and punctuation. strip_accents and
+    # chinese_chars: tokenizer_config.json's strip_accents (None: as lowercase) and
+    # tokenize_chinese_chars, as transformers reads them.
+    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=chinese_chars,
+                                                strip_accents=strip_accents, lowercase=lowercase)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.decoder = decoders.WordPiece(prefix="##")
     return tok
@@ -90,6 +93,15 @@ def _normalizer_lowercase(tok: Tokenizer) -> bool | None:
             return True if True in found else (False if found else None)
         return None
     return walk(json.loads(tok.to_str()).get("normalizer"))
+
+
+def _normalizer_settings(tok: Tokenizer) -> dict:
+    """A BertNormalizer's strip_accents and CJK splitting as tokenizer_config.json keys, so that
+    transformers' tokenizers (the slow one reads vocab.txt) normalise as this one does."""
+    n = json.loads(tok.to_str()).get("normalizer")
+    if not isinstance(n, dict) or n.get("type") != "BertNormalizer":
+        return {}
+    return {"strip_accents": n.get("strip_accents"), "tokenize_chinese_chars": bool(n.get("handle_chinese_chars", True))}
 
 
 def _vocab_casing(vocab: dict[str, int] | Iterable[str], source: Path) -> bool:
@@ -121,8 +133,10 @@ class WordPieceTokenizer:
 
     # ---- construction ----
     @classmethod
-    def from_vocab(cls, path: str | Path, lowercase: bool | None = None) -> "WordPieceTokenizer":
-        """A tokenizer from a vocab.txt; lowercase=None decides casing from the vocabulary (said on stderr)."""
+    def from_vocab(cls, path: str | Path, lowercase: bool | None = None, strip_accents: bool | None = None,
+                   chinese_chars: bool = True) -> "WordPieceTokenizer":
+        """A tokenizer from a vocab.txt; lowercase=None decides casing from the vocabulary (said on
+        stderr); strip_accents and chinese_chars as _bert_pipeline takes them."""
         path = Path(path)
         vocab: dict[str, int] = {}
         from .inputs import read_text
@@ -140,7 +154,7 @@ class WordPieceTokenizer:
         if lowercase is None:
             lowercase = _vocab_casing(vocab, path)
         tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)),
-                             lowercase)
+                             lowercase, strip_accents, chinese_chars)
         # registered as special (added) tokens, "[MASK]" in a text stays one token instead of being
         # split by punctuation into "[", "mask", "]" (three [UNK]s); their ids stay the vocabulary's
         tok.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
@@ -156,12 +170,13 @@ class WordPieceTokenizer:
         if not folder.is_dir():
             raise BertkitError(f"{folder}: " + ("no such folder" if not folder.exists() else "not a folder") +
                                " (a model or tokenizer folder is expected)")
-        lowercase = None
+        lowercase, settings = None, {}
         config = folder / "tokenizer_config.json"
         if config.is_file():
             from .inputs import parse_json, read_text
             settings = parse_json(read_text(config), str(config))
-            if isinstance(settings, dict) and settings.get("do_lower_case") is not None:
+            settings = settings if isinstance(settings, dict) else {}
+            if settings.get("do_lower_case") is not None:
                 lowercase = bool(settings["do_lower_case"])
         if (folder / "tokenizer.json").is_file():
             try:
@@ -173,8 +188,10 @@ class WordPieceTokenizer:
             if lowercase is None:
                 lowercase = _vocab_casing(tok.get_vocab(), folder / "tokenizer.json")
             return cls(tok, lowercase, source=str(folder / "tokenizer.json"))
-        if (folder / "vocab.txt").is_file():
-            return cls.from_vocab(folder / "vocab.txt", lowercase)
+        if (folder / "vocab.txt").is_file():  # tokenizer_config.json's other normaliser keys, as transformers reads them
+            strip = settings.get("strip_accents")
+            return cls.from_vocab(folder / "vocab.txt", lowercase, None if strip is None else bool(strip),
+                                  bool(settings.get("tokenize_chinese_chars", True)))
         raise BertkitError(f"{folder}: no tokenizer.json or vocab.txt in this folder")
 
     @classmethod
@@ -199,14 +216,17 @@ class WordPieceTokenizer:
         return cls(tok, lowercase)
 
     def save(self, folder: str | Path) -> None:
-        """Write tokenizer.json, vocab.txt (ids in line order) and HF's tokenizer_config.json."""
+        """Write tokenizer.json, vocab.txt (ids in line order) and HF's tokenizer_config.json
+        into `folder` (made if missing)."""
         folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
         vocab = sorted(self.tok.get_vocab().items(), key=lambda kv: kv[1])
         files = {
             "tokenizer.json": self.tok.to_str(),
             "vocab.txt": "".join(t + "\n" for t, _ in vocab),
             "tokenizer_config.json": json.dumps({
                 "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
+                **_normalizer_settings(self.tok),
                 "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
                 "mask_token": MASK}, indent=2) + "\n",
         }

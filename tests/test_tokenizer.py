@@ -33,6 +33,31 @@ def test_vocab_txt_and_tokenizer_json_agree(tmp_path, minilm_folder, minilm_tok)
     assert a.offsets == b.offsets
 
 
+@pytest.mark.parametrize("settings", [{"do_lower_case": True, "strip_accents": False},
+                                      {"do_lower_case": True, "strip_accents": True},
+                                      {"do_lower_case": False, "strip_accents": True},
+                                      {"do_lower_case": True, "tokenize_chinese_chars": False}])
+def test_a_vocab_txt_folder_normalises_as_its_tokenizer_config_says(tmp_path, minilm_folder, settings):
+    """strip_accents and tokenize_chinese_chars in tokenizer_config.json, as transformers'
+    tokenizers read them (both were ignored: accents always went with lowercasing, CJK was always
+    split); the folder bertkit saves keeps them for transformers' slow tokenizer too."""
+    import json
+
+    from transformers import BertTokenizer, BertTokenizerFast
+    (tmp_path / "vocab.txt").write_bytes((minilm_folder / "vocab.txt").read_bytes())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(settings))
+    texts = ["café naïve Ångström", "中文字 ok 東京", "Crème BRÛLÉE à la carte"]
+    ours = WordPieceTokenizer.from_folder(tmp_path)
+    kwargs = {"do_lower_case": settings["do_lower_case"], "strip_accents": settings.get("strip_accents"),
+              "tokenize_chinese_chars": settings.get("tokenize_chinese_chars", True)}
+    for hf in (BertTokenizerFast(str(tmp_path / "vocab.txt"), **kwargs), BertTokenizer(str(tmp_path / "vocab.txt"), **kwargs)):
+        assert ours.encode(texts).input_ids.tolist() == hf(texts, padding=True)["input_ids"], type(hf).__name__
+    ours.save(tmp_path / "saved")
+    (tmp_path / "saved" / "tokenizer.json").unlink()  # the slow path: vocab.txt and the config alone
+    again = WordPieceTokenizer.from_folder(tmp_path / "saved")
+    assert again.encode(texts).input_ids.tolist() == ours.encode(texts).input_ids.tolist()
+
+
 def test_lowercasing_follows_the_folder(tmp_path, minilm_folder):
     (tmp_path / "vocab.txt").write_bytes((minilm_folder / "vocab.txt").read_bytes())
     (tmp_path / "tokenizer_config.json").write_text('{"do_lower_case": false}')
