@@ -101,17 +101,20 @@ def main():
     (work / "ort.py").write_text(ORT_SCRIPT)
     py = sys.executable
 
+    # as the peers compute them: the masked mean over up to 512 tokens, not scaled to unit length
+    plain = ["--no-normalize", "--max-len", "512"]
+
     def peers(src: str, tag: str) -> dict[str, list[str]]:
         out = lambda name: str(work / f"{name}-{tag}.npy")  # noqa: E731
         return {name: cmd for name, cmd in {
             "bertkit": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output", out("bertkit"),
-                        "--overwrite"],
+                        "--overwrite", *plain],
             # bf16 autocast: not the default (vectors move off their fp32 values, max abs diff below);
             # measured because CPUs with AMX (Sapphire Rapids and later) run bf16 matmuls ~4x faster
             "bertkit --precision bf16": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output",
-                                         out("bertkit-bf16"), "--precision", "bf16", "--overwrite"],
+                                         out("bertkit-bf16"), "--precision", "bf16", "--overwrite", *plain],
             "bertkit --backend onnx": [py, "-m", "bertkit", "encode", "--model", str(onnx_folder), "--input", src,
-                                       "--output", out("bertkit-onnx"), "--backend", "onnx", "--overwrite"],
+                                       "--output", out("bertkit-onnx"), "--backend", "onnx", "--overwrite", *plain],
             "transformers, input order": [py, str(work / "hf.py"), minilm, src, out("hf")],
             "ONNX Runtime, sorted": [py, str(work / "ort.py"), str(onnx_folder), src, out("ort")],
         }.items() if name not in args.skip}

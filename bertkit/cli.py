@@ -58,8 +58,9 @@ def cmd_encode(args) -> None:
                              normalize=args.normalize)
     output.parent.mkdir(parents=True, exist_ok=True)
     np.save(output, vectors)
+    normalized = encoder.default_normalize if args.normalize is None else args.normalize
     print(f"bertkit: wrote {vectors.shape[0]} vectors of size {vectors.shape[1]} "
-          f"({args.pooling or encoder.default_pooling} pooling) to {output}")
+          f"({args.pooling or encoder.default_pooling} pooling{', unit length' if normalized else ''}) to {output}")
 
 
 def cmd_pretrain(args) -> None:
@@ -263,9 +264,13 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pooling", choices=["cls", "mean", "pooler"], default=None,
                    help="default: what the folder declares (sentence-transformers), else cls")
     e.add_argument("--batch-size", type=int, default=32)
-    e.add_argument("--max-len", type=int, default=None, help="default: the model's position limit")
+    e.add_argument("--max-len", type=int, default=None,
+                   help="tokens per text (default: a sentence-transformers folder's max_seq_length, as "
+                        "sentence-transformers reads it, e.g. 256 for all-MiniLM-L6-v2; else the model's positions)")
     e.add_argument("--no-truncation", action="store_true", help="error on texts over --max-len")
-    e.add_argument("--normalize", action="store_true", help="scale vectors to unit length")
+    e.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="scale vectors to unit length (default: as the folder says; a sentence-transformers "
+                        "folder ending with Normalize, as all-MiniLM-L6-v2 does, is normalised)")
     e.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help=PRECISION_HELP)

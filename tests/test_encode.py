@@ -47,18 +47,27 @@ def test_batches_run_longest_first(encoder):
 
 
 def test_mean_pooling_equals_sentence_transformers_recipe(encoder, minilm_folder):
-    # HF BertModel + masked mean, computed independently
+    """The folder's modules run as sentence-transformers runs them: transformers' BertModel, the
+    masked mean (1_Pooling), unit length (2_Normalize), texts read up to max_seq_length 256 of
+    the 512 positions (sentence_bert_config.json); computed independently here."""
     from transformers import AutoTokenizer, BertModel as HFBert
     hf = HFBert.from_pretrained(str(minilm_folder)).eval()
-    batch = AutoTokenizer.from_pretrained(str(minilm_folder))(SENTENCES, padding=True, return_tensors="pt")
+    long = " ".join(["the bank of the river was steep and muddy after the rain"] * 40)  # ~480 tokens
+    texts = SENTENCES + [long]
+    batch = AutoTokenizer.from_pretrained(str(minilm_folder))(texts, padding=True, truncation=True,
+                                                              max_length=256, return_tensors="pt")
     with torch.no_grad():
         h = hf(**batch).last_hidden_state
     m = batch["attention_mask"][..., None].float()
     ref = ((h * m).sum(1) / m.sum(1)).numpy()
-    ours = encoder.encode(SENTENCES, batch_size=2)  # default pooling: mean
-    assert np.abs(ours - ref).max() <= 1e-4
-    normed = encoder.encode(SENTENCES, normalize=True)
-    np.testing.assert_allclose(np.linalg.norm(normed, axis=1), 1.0, rtol=1e-5)
+    assert (encoder.default_pooling, encoder.default_normalize, encoder.default_max_len) == ("mean", True, 256)
+    plain = encoder.encode(texts, batch_size=2, normalize=False)
+    assert np.abs(plain - ref).max() <= 1e-4
+    ours = encoder.encode(texts, batch_size=2)  # the folder's defaults
+    assert np.abs(ours - ref / np.linalg.norm(ref, axis=1, keepdims=True)).max() <= 1e-5
+    np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, rtol=1e-5)
+    whole = encoder.encode([long], max_len=512, normalize=False)  # the whole text when asked
+    assert np.abs(whole - plain[-1]).max() > 1e-3
 
 
 def test_poolings_differ_and_pairs_work(encoder):
@@ -90,7 +99,7 @@ def test_bad_encoder_inputs(encoder):
     long_text = "word " * 600
     with pytest.warns(UserWarning, match="truncated"):
         assert encoder.encode([long_text]).shape == (1, 384)
-    with pytest.raises(BertkitError, match="over the limit of 512"):
+    with pytest.raises(BertkitError, match="over the limit of 256"):
         encoder.encode([long_text], truncation=False)
 
 
@@ -103,6 +112,11 @@ def test_cli_encode_txt_and_jsonl(tmp_path, minilm_folder, capsys):
     assert vec.shape == (len(SENTENCES), 384)
     enc = Encoder.from_folder(minilm_folder, device="cpu")
     np.testing.assert_allclose(vec, enc.encode(SENTENCES), atol=1e-5)
+    assert "(mean pooling, unit length)" in capsys.readouterr().out  # the folder's Normalize step
+    np.testing.assert_allclose(np.linalg.norm(vec, axis=1), 1.0, rtol=1e-5)
+    assert main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(tmp_path / "p.npy"),
+                 "--no-normalize"]) == 0
+    np.testing.assert_allclose(np.load(tmp_path / "p.npy"), enc.encode(SENTENCES, normalize=False), atol=1e-5)
     # never overwrite without asking
     assert main(["encode", "--model", str(minilm_folder), "--input", str(txt), "--output", str(out)]) == 2
     assert "already exists" in capsys.readouterr().err

@@ -451,3 +451,29 @@ def test_ner_predict_refuses_texts_longer_than_the_model_reads(tmp_path, tiny_be
         r = c.post("/predict", json={"inputs": ["Peter runs", " ".join(["Mary sings"] * 7)]})
         assert r.status_code == 200 and len(r.json()["predictions"][1]["tags"]) == 14, r.text
 
+
+
+def test_a_sentence_transformers_folder_is_served_with_its_own_steps(tmp_path, tiny_bert):
+    """Pooling, Normalize and max_seq_length of a sentence-transformers folder are /encode's
+    defaults, as they are `bertkit encode`'s (serve built its encoder with the pooling alone)."""
+    import json
+
+    from bertkit.inference.encode import Encoder
+    from conftest import sentence_transformers_copy
+    folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    reference = Encoder.from_folder(folder, device="cpu")
+    with client(folder) as c:
+        assert c.get("/info").json()["limits"]["max_tokens"] == 40
+        r = c.post("/encode", json={"texts": SENTENCES[:3]}).json()
+        assert r["pooling"] == "mean" and r["normalized"] is True
+        np.testing.assert_allclose(np.array(r["vectors"]), reference.encode(SENTENCES[:3]), atol=1e-5)
+        np.testing.assert_allclose(np.linalg.norm(r["vectors"], axis=1), 1.0, rtol=1e-5)
+        plain = c.post("/encode", json={"texts": SENTENCES[:3], "normalize": False}).json()
+        np.testing.assert_allclose(np.array(plain["vectors"]), reference.encode(SENTENCES[:3], normalize=False),
+                                   atol=1e-5)
+        r = c.post("/encode", json={"texts": ["word " * 50]})
+        assert r.status_code == 413 and "limit of 40 tokens" in r.json()["error"], r.text

@@ -41,11 +41,35 @@ def precision_context(device: torch.device, precision: str = "fp32"):
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
+def _modules(folder: Path) -> list:
+    """A sentence-transformers folder's modules.json (its pipeline after the encoder), or []."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
+
+
+def folder_normalize(folder: str | Path) -> bool:
+    """Whether a sentence-transformers folder ends with a Normalize module (unit-length vectors)."""
+    return any(str(m.get("type", "")).endswith("models.Normalize") for m in _modules(Path(folder)))
+
+
+def folder_max_len(folder: str | Path) -> int | None:
+    """The max_seq_length of a sentence-transformers folder (sentence_bert_config.json): the
+    tokens it reads per text, fewer than the model's positions (MiniLM: 256 of 512)."""
+    try:
+        value = json.loads((Path(folder) / "sentence_bert_config.json").read_text(encoding="utf-8"))["max_seq_length"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def folder_pooling(folder: str | Path) -> str | None:
     """The pooling a sentence-transformers folder declares (modules.json -> Pooling config)."""
     folder = Path(folder)
     try:
-        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+        modules = _modules(folder)
         pooling = next(m for m in modules if m.get("type", "").endswith("models.Pooling"))
         cfg = json.loads((folder / pooling["path"] / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
@@ -106,7 +130,10 @@ class Encoder:
     """Sentence and token vectors from a BertModel on PyTorch or an OnnxEncoder on ONNX Runtime."""
 
     def __init__(self, model: BertModel | OnnxEncoder, tokenizer: WordPieceTokenizer, pooling: str = "cls",
-                 device: str | torch.device | None = None, precision: str = "fp32"):
+                 device: str | torch.device | None = None, precision: str = "fp32", normalize: bool = False,
+                 max_len: int | None = None):
+        """pooling, normalize, max_len: the defaults of encode() (from_folder takes them from a
+        sentence-transformers folder's modules, as sentence-transformers runs it)."""
         self.onnx = isinstance(model, OnnxEncoder)
         if self.onnx:
             if precision != "fp32":
@@ -120,6 +147,8 @@ class Encoder:
         self.precision = precision
         self.tokenizer = tokenizer
         self.default_pooling = pooling
+        self.default_normalize = normalize
+        self.default_max_len = max_len
 
     @classmethod
     def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32",
@@ -128,12 +157,13 @@ class Encoder:
         if backend not in ("torch", "onnx"):
             raise BertkitError(f"unknown backend {backend!r}; choose torch or onnx")
         tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
+        defaults = {"pooling": folder_pooling(folder) or "cls", "normalize": folder_normalize(folder),
+                    "max_len": folder_max_len(folder)}
         if backend == "onnx":
-            return cls(OnnxEncoder.from_folder(folder), tokenizer, folder_pooling(folder) or "cls",
-                       precision=precision)
+            return cls(OnnxEncoder.from_folder(folder), tokenizer, precision=precision, **defaults)
         from ..checkpoint import load_model
         model, _ = load_model(folder, heads=False)
-        return cls(model, tokenizer, folder_pooling(folder) or "cls", device, precision)
+        return cls(model, tokenizer, device=device, precision=precision, **defaults)
 
     @property
     def hidden_size(self) -> int:
@@ -146,7 +176,7 @@ class Encoder:
         if batch_size < 1:
             raise BertkitError(f"batch size must be at least 1, got {batch_size}")
         limit = self.model.config.max_position_embeddings
-        max_len = limit if max_len is None else max_len
+        max_len = min(self.default_max_len or limit, limit) if max_len is None else max_len
         if max_len > limit:
             raise BertkitError(f"max length {max_len} exceeds the model's {limit} positions")
         encs = self.tokenizer.encode_unpadded(texts, pairs, max_len, truncation)
@@ -168,9 +198,10 @@ class Encoder:
 
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, pooling: str | None = None,
                batch_size: int = 32, max_len: int | None = None, truncation: bool = True,
-               normalize: bool = False) -> np.ndarray:
-        """Sentence vectors, (len(texts), H) float32, in input order."""
+               normalize: bool | None = None) -> np.ndarray:
+        """Sentence vectors, (len(texts), H) float32, in input order. None: the encoder's defaults."""
         pooling = pooling or self.default_pooling
+        normalize = self.default_normalize if normalize is None else normalize
         if pooling not in POOLINGS:
             raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
         out = np.empty((len(texts), self.hidden_size), dtype=np.float32)

@@ -76,7 +76,7 @@ class Served:
 
     def __init__(self, folder: str | Path, backend: str = "torch"):
         from ..checkpoint import has_trained_mlm_head, load_model, load_tokenizer
-        from .encode import Encoder, folder_pooling
+        from .encode import Encoder, folder_max_len, folder_normalize, folder_pooling
 
         self.folder = Path(folder)
         self.name = self.folder.resolve().name
@@ -105,7 +105,8 @@ class Served:
                 encoder_body = OnnxEncoder.from_folder(self.folder)
         else:
             encoder_body = body
-        self.encoder = Encoder(encoder_body, self.tokenizer, folder_pooling(self.folder) or "cls", device="cpu")
+        self.encoder = Encoder(encoder_body, self.tokenizer, folder_pooling(self.folder) or "cls", device="cpu",
+                               normalize=folder_normalize(self.folder), max_len=folder_max_len(self.folder))
         # a second tokenizer for counting tokens on the event loop: the first one is reconfigured
         # (truncation) by the calls on the model thread
         from tokenizers import Tokenizer
@@ -311,7 +312,8 @@ class EncodeRequest(Strict):
     texts: list[str] = Field(min_length=1, description="texts to encode")
     text_pairs: list[str] | None = Field(None, description="second texts: each vector is of the pair")
     pooling: Literal["cls", "mean", "pooler"] | None = Field(None, description="default: the folder's")
-    normalize: StrictBool = False
+    normalize: StrictBool | None = Field(None, description="unit length; default: the folder's (true where a "
+                                                          "sentence-transformers folder ends with Normalize)")
 
 class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as clients add their own
     input: Union[str, list[str], list[int], list[list[int]]]
@@ -355,9 +357,12 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
 
     cfg.check()
     served = served or Served(cfg.model, cfg.backend)
-    max_tokens = cfg.max_tokens or served.config.max_position_embeddings
+    # default: the tokens a sentence-transformers folder reads per text (MiniLM: 256), else the positions
+    max_tokens = cfg.max_tokens or min(served.encoder.default_max_len or served.config.max_position_embeddings,
+                                       served.config.max_position_embeddings)
     if max_tokens > served.config.max_position_embeddings:
         raise BertkitError(f"--max-tokens {max_tokens} exceeds the model's {served.config.max_position_embeddings} positions")
+    served.encoder.default_max_len = max_tokens  # what /encode reads whole (texts over it are refused)
 
     registry = CollectorRegistry()
     requests_total = Counter("bertkit_requests", "HTTP requests", ["endpoint", "status"], registry=registry)
@@ -454,11 +459,12 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     async def encode(body: EncodeRequest):
         tokens = check_texts(body.texts, body.text_pairs, "texts")
         pooling = body.pooling or served.encoder.default_pooling
+        normalize = served.encoder.default_normalize if body.normalize is None else body.normalize
         pairs = body.text_pairs or [None] * len(body.texts)
-        key = ("encode", pooling, body.normalize, body.text_pairs is not None)
+        key = ("encode", pooling, normalize, body.text_pairs is not None)
         vectors = await batcher.submit(key, list(zip(body.texts, pairs)), tokens)
-        return {"vectors": [v.tolist() for v in vectors], "pooling": pooling, "dimensions": served.config.hidden_size,
-                "tokens": tokens}
+        return {"vectors": [v.tolist() for v in vectors], "pooling": pooling, "normalized": normalize,
+                "dimensions": served.config.hidden_size, "tokens": tokens}
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings (unit length, the folder's pooling)")
     async def embeddings(body: EmbeddingsRequest):
