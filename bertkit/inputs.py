@@ -180,7 +180,7 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
     """Texts from a .txt file (one per line) or a .jsonl file (one object per line).
 
     blank_lines="skip" passes over blank lines; "refuse" names the first blank line between
-    texts (trailing blank lines are fine), for outputs whose row i must be line i (`encode`)."""
+    texts (trailing blank lines are fine), for outputs whose row i must be line i (`encode`, `predict`)."""
     path = Path(path)
     if blank_lines not in ("skip", "refuse"):
         raise ValueError(f"blank_lines must be 'skip' or 'refuse', got {blank_lines!r}")
@@ -216,7 +216,7 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
 def read_single_texts(path: str | Path, task: str) -> list[str]:
     """Texts of a .txt or .jsonl --input for a task that reads one text at a time: rows with
     'text_pair' are refused, not read without it."""
-    inputs = read_text_inputs(path)
+    inputs = read_text_inputs(path, blank_lines="refuse")  # predict's row i is line i
     if inputs.pairs is not None:
         raise BertkitError(f"{path}: the rows have 'text_pair', but the {task} task reads single texts "
                            "(only classify takes pairs); give 'text' alone")

@@ -174,6 +174,8 @@ CASES = [
     # 7. encode keeps row i = line i: blank lines are refused
     ("encode-blank-line", "encode --model {tiny} --input {tmp}/gap.txt --output {tmp}/new.npy",
      "gap.txt, line 2: blank line (1 in the file); row i of the output is line i of the input, so remove blank lines"),
+    ("predict-blank-line", "predict classify --model {classifier} --input {tmp}/gap.txt",
+     "gap.txt, line 2: blank line (1 in the file); row i of the output is line i of the input"),
     # 8. a vocabulary longer than the embedding matrix
     ("encode-vocab-too-big", "encode --model {small_vocab} --input {tmp}/texts.txt --output {tmp}/new.npy",
      "the tokenizer has 30522 token ids but config.json vocab_size is 99"),

@@ -142,7 +142,7 @@ def _csv_text(rows: list[list[str]], delimiter: str, quoting) -> tuple[str, list
 
 def _table_labels(records):
     out = [dict(r, label=r["label"].strip()) for r in records]
-    if out and all(re.fullmatch(r"-?\d+", r["label"]) for r in out):  # the documented int conversion
+    if out and all(re.fullmatch(r"-?(0|[1-9]\d*)", r["label"]) for r in out):  # the documented int conversion
         out = [dict(r, label=int(r["label"])) for r in out]
     return out
 
@@ -575,3 +575,13 @@ def test_a_header_with_a_line_break_is_named_on_one_line(tmp_path):
     with pytest.raises(BertkitError) as err:
         read_classify(path)
     assert "\n" not in str(err.value) and "'te\\nxt'" in str(err.value)
+
+
+def test_csv_labels_become_ints_only_as_an_int_prints_them(tmp_path):
+    """"01" and "02" are labels as written: as ints they printed as "1" and "2" in bertkit.json and
+    predictions, and an evaluation file that spells them "01" was refused."""
+    from bertkit.data.readers import read_classify
+    (tmp_path / "a.csv").write_text("text,label\ngood,01\nbad,02\n")
+    (tmp_path / "b.csv").write_text("text,label\ngood,1\nbad,-2\nmeh,0\n")
+    assert [r["label"] for r in read_classify(tmp_path / "a.csv")] == ["01", "02"]
+    assert [r["label"] for r in read_classify(tmp_path / "b.csv")] == [1, -2, 0]

@@ -80,7 +80,8 @@ def _nonempty_string(path, lineno, row: dict, key: str) -> str:
 
 def read_classify(path: str | Path) -> list[dict]:
     """Rows {"text", "label"} (and "text_pair" where the file has it) of a CSV, TSV or JSONL file.
-    A label is a string or an int; a table's labels become ints when all of them are integers."""
+    A label is a string or an int; a table's labels become ints when all of them are integers
+    as an int prints them ("01" stays a string: its int would print as "1")."""
     path = Path(path)
     rows, has_pair, kinds = [], None, {}
     for lineno, row in _table_rows(path, ("text", "label")):
@@ -109,7 +110,7 @@ def read_classify(path: str | Path) -> list[dict]:
         rows.append(example)
     if not rows:
         raise BertkitError(f"{path}: no examples")
-    if path.suffix.lower() != ".jsonl" and all(re.fullmatch(r"-?\d+", r["label"]) for r in rows):
+    if path.suffix.lower() != ".jsonl" and all(re.fullmatch(r"-?(0|[1-9]\d*)", r["label"]) for r in rows):
         for r in rows:
             r["label"] = int(r["label"])
     return rows
