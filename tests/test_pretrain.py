@@ -479,6 +479,36 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_e
     assert [r["step"] for r in _lines(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_restart_prepares_again_the_data_of_other_options_or_text(tmp_path, wiki_excerpt, vocab):
+    """A run that stopped before its first checkpoint left OUT/data; a new run there reused it
+    whatever its --corpus, --vocab or --vocab-size (and the corpus file's new text): the data is
+    reused only when the same options and text made it."""
+    import json
+    corpus = tmp_path / "small.txt"
+    text = wiki_excerpt.read_text().split("\n\n")
+    corpus.write_text("\n\n".join(text[:3]) + "\n")
+    out = tmp_path / "run"
+    with pytest.raises(BertkitError, match="fewer sentence pairs than one batch"):  # after preparing the data
+        pretrain(_cfg(corpus, out, vocab=str(vocab), batch_size=4096, holdout_every=0))
+    meta = out / "data" / "shards" / "train" / "meta.json"
+    small, written = json.loads(meta.read_text())["documents"], meta.stat().st_mtime_ns
+    # the same options and text: the prepared data is reused
+    with pytest.raises(BertkitError, match="fewer sentence pairs than one batch"):
+        pretrain(_cfg(corpus, out, vocab=str(vocab), batch_size=4096, holdout_every=0))
+    assert meta.stat().st_mtime_ns == written
+    corpus.write_text("\n\n".join(text) + "\n")  # more text in the same file, as the error asks
+    summary = pretrain(_cfg(corpus, out, vocab=str(vocab), holdout_every=0))
+    assert summary["corpus"]["train"]["documents"] == len(text) > small
+    # another vocabulary in a stopped run's folder: trained anew, not the one left there
+    (out / "model.safetensors").unlink()
+    for p in (out / "checkpoints").glob("step_*"):
+        import shutil
+        shutil.rmtree(p)
+    pretrain(_cfg(corpus, out, vocab_size=300, holdout_every=0))
+    from bertkit import WordPieceTokenizer
+    assert WordPieceTokenizer.from_folder(out).vocab_size == 300 != WordPieceTokenizer.from_folder(vocab).vocab_size
+
+
 def test_a_folder_that_is_not_a_run_is_refused_untouched(tmp_path, wiki_excerpt):
     out = tmp_path / "mine"
     out.mkdir()

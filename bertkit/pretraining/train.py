@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import queue
+import shutil
 import sys
 import threading
 import time
@@ -249,6 +250,38 @@ def _prepare_tokenizer(cfg: PretrainConfig, data: Path, documents: _Documents, l
     data.mkdir(parents=True, exist_ok=True)
     tok.save(data)
     return tok
+
+
+# the options that shape OUT/data (vocabulary and shards), recorded in it with the corpus files'
+# sizes and times: prepared data is reused only for the same options and text
+DATA_OPTIONS = ("corpus", "doc_per_file", "holdout_every", "model", "vocab", "vocab_size", "shard_tokens")
+
+
+def _data_record(cfg: PretrainConfig) -> dict:
+    from .corpus import _corpus_files
+    files = []
+    for part in ([cfg.corpus] if Path(cfg.corpus).exists() else str(cfg.corpus).split("+")):
+        if Path(part).exists():  # a file or folder (the built-in corpora are named, not listed)
+            for f in _corpus_files(Path(part)):
+                st = f.stat()
+                files.append([str(f.resolve()), st.st_size, st.st_mtime_ns])
+    return {**{k: getattr(cfg, k) for k in DATA_OPTIONS}, "corpus_files": files}
+
+
+def _forget_other_data(cfg: PretrainConfig, data: Path, log) -> None:
+    """A new run in a folder whose run stopped before its first checkpoint reuses the data that
+    run prepared only if the same options and text made it; else it is prepared again (it was
+    reused whatever the new --corpus, --vocab, --vocab-size or --model, and the folder's
+    pretrain_config.json then described data the model never saw)."""
+    if not data.exists():
+        return
+    try:
+        same = json.loads((data / "prepared.json").read_text(encoding="utf-8")) == _data_record(cfg)
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        log(f"{data} was prepared from other options or text: preparing it again")
+        shutil.rmtree(data)
 
 
 def _prepare_data(cfg: PretrainConfig, tok: WordPieceTokenizer, data: Path, documents: _Documents,
@@ -528,9 +561,13 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         out.mkdir(parents=True, exist_ok=True)
         if ckpt is None:  # first: the folder is a run's from now on (a resume rewrites it once checked)
             write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
+        if ckpt is None:  # a resumed run keeps the data its checkpoints were trained on
+            _forget_other_data(cfg, data, log)
         documents = _Documents(cfg)
         tok = _prepare_tokenizer(cfg, data, documents, log)
         train_store, eval_store = _prepare_data(cfg, tok, data, documents, log)
+        if ckpt is None:
+            write_json(data / "prepared.json", _data_record(cfg))
     procs.barrier(long=True)  # the other ranks open what rank 0 prepared
     if not main:
         tok = WordPieceTokenizer.from_folder(data)
