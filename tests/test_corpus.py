@@ -243,3 +243,27 @@ def test_documentation_sources_are_read_from_their_package_or_named(tmp_path, mo
     with pytest.raises(BertkitError, match=r"linux-docs: no documentation sources in .*none; install them with "
                                            r"`apt-get install linux-doc-6.1`"):
         iter_documents("wiki+linux-docs")
+
+
+def test_the_vocabulary_is_trained_on_the_training_documents_alone(tmp_path, minilm_folder):
+    """training_documents yields exactly the documents tokenize_corpus trains on (documents of
+    text the normaliser removes whole are not counted in either; added sources are never held
+    out), so a word only held-out text holds gets no piece of its own."""
+    from bertkit import WordPieceTokenizer
+    from bertkit.pretraining.corpus import TrainOnly
+    from bertkit.pretraining.shards import tokenize_corpus, training_documents
+    docs = [[f"Article {i} is here.", f"It has {i} words."] for i in range(11)]
+    docs[2] = ["\u200b\u200b", "\u0301\u0301"]                     # nothing left after normalising
+    docs[3] = ["The quuxberry grows in the valley.", "Quuxberry quuxberry."]  # held out (the 2nd counted)
+    docs.append(TrainOnly([["Manual page text."]][0]))
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    train, held = tokenize_corpus(iter(docs), tok, tmp_path / "shards", holdout_every=4)
+    kept = list(training_documents(iter(docs), 4))
+    assert len(kept) == train.meta["documents"] == 12 - 1 - held.meta["documents"]
+    assert docs[3] not in kept and docs[2] not in kept and docs[-1] in kept
+    held_text = [s for d in docs[:-1] if d not in kept and d is not docs[2] for s in d]
+    pieces = tok.tok.encode_batch(held_text, add_special_tokens=False)
+    assert len(held.shard(0).tokens) == sum(len(e.ids) for e in pieces)  # the held-out documents, whole
+    only_held = lambda vocab: sorted(t for t in vocab.tok.get_vocab() if "uxb" in t or "uux" in t)  # noqa: E731
+    assert only_held(WordPieceTokenizer.train((s for d in docs for s in d), 300))  # all text: held-out pieces
+    assert not only_held(WordPieceTokenizer.train((s for d in training_documents(iter(docs), 4) for s in d), 300))

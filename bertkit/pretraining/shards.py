@@ -78,6 +78,31 @@ class ShardWriter:
         self.n_shards += 1
 
 
+def held_out(n: int, holdout_every: int) -> bool:
+    """Whether the n-th counted document (0-based; TrainOnly ones are not counted) is held out."""
+    return bool(holdout_every) and n % holdout_every == holdout_every // 2
+
+
+def training_documents(documents: Iterable[list[str]], holdout_every: int) -> Iterable[list[str]]:
+    """The documents tokenize_corpus trains on, before there is a vocabulary: for training one
+    on them alone (trained on every document, it had pieces of words only held-out text holds,
+    which flattered the held-out figures). A document counts, as there, when some sentence has
+    text left after BERT's normalisation (the pieces of such text are never empty)."""
+    from tokenizers import normalizers
+    # as the vocabulary pretraining trains normalises (uncased: accents stripped, so a sentence of
+    # combining marks alone is empty)
+    normalize = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, strip_accents=None,
+                                           lowercase=True).normalize_str
+    n = 0
+    for doc in documents:
+        if isinstance(doc, TrainOnly):
+            yield doc
+        elif any(normalize(s).strip() for s in doc):
+            if not held_out(n, holdout_every):
+                yield doc
+            n += 1
+
+
 def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenizer, folder: str | Path,
                     holdout_every: int = 20, shard_tokens: int = 10_000_000,
                     encode_batch: int = 2000) -> tuple["TokenStore", "TokenStore"]:
@@ -109,8 +134,7 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
             if ids and isinstance(d, TrainOnly):  # added text: trained on, never held out
                 writers["train"].add(ids)
             elif ids:
-                held_out = holdout_every and n_docs % holdout_every == holdout_every // 2
-                writers["eval" if held_out else "train"].add(ids)
+                writers["eval" if held_out(n_docs, holdout_every) else "train"].add(ids)
                 n_docs += 1
         buffer.clear()
 

@@ -246,7 +246,9 @@ def _prepare_tokenizer(cfg: PretrainConfig, data: Path, documents: _Documents, l
         # the pieces can differ between trainings where merges tie (tokenizer.py, _renumber);
         # --vocab makes a run repeat exactly
         log(f"training a WordPiece vocabulary of {cfg.vocab_size} on {cfg.corpus}")
-        tok = WordPieceTokenizer.train((s for doc in documents for s in doc), cfg.vocab_size)
+        from .shards import training_documents
+        tok = WordPieceTokenizer.train((s for doc in training_documents(documents, cfg.holdout_every) for s in doc),
+                                       cfg.vocab_size)
     data.mkdir(parents=True, exist_ok=True)
     tok.save(data)
     return tok
