@@ -104,7 +104,7 @@ def cmd_pretrain(args) -> None:
               f"at [MASK]: top-1 {ev['eval_mlm_acc']:.3f}, top-5 {ev['eval_mlm_top5']:.3f} "
               f"(always the most common token: {ev['eval_majority_token_acc']:.3f}); "
               f"random-token positions {ev['eval_mlm_acc_random']:.3f}, unchanged {ev['eval_mlm_acc_unchanged']:.3f}; "
-              f"nsp acc {ev['eval_nsp_acc']:.3f}")
+              f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})")
     if not args.no_samples:
         from .checkpoint import load_model
         from .pretraining.samples import show

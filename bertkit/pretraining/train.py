@@ -398,7 +398,7 @@ def evaluate(model, batches: list[dict], device, mask_id: int) -> dict:
     was_training = model.training
     model.eval()
     c = dict(loss=0.0, n=0, mask_hit=0, mask_top5=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
-             nsp_loss=0.0, nsp_hit=0, nsp_n=0)
+             nsp_loss=0.0, nsp_hit=0, nsp_n=0, nsp_next=0)
     label_counts: dict[int, int] = {}
     for b in batches:
         b = {k: v.to(device) for k, v in b.items()}
@@ -421,6 +421,7 @@ def evaluate(model, batches: list[dict], device, mask_id: int) -> dict:
         c["nsp_loss"] += F.cross_entropy(out.nsp_logits.float(), b["nsp_labels"], reduction="sum").item()
         c["nsp_hit"] += int((out.nsp_logits.argmax(-1) == b["nsp_labels"]).sum())
         c["nsp_n"] += b["nsp_labels"].numel()
+        c["nsp_next"] += int((b["nsp_labels"] == 0).sum())
         for t, k in zip(*torch.unique(labels[masked], return_counts=True)):
             label_counts[int(t)] = label_counts.get(int(t), 0) + int(k)
     model.train(was_training)
@@ -432,7 +433,10 @@ def evaluate(model, batches: list[dict], device, mask_id: int) -> dict:
             "eval_nsp_loss": share("nsp_loss", "nsp_n"), "eval_nsp_acc": share("nsp_hit", "nsp_n"),
             "eval_predictions": c["n"], "eval_masked": c["mask_n"], "eval_pairs": c["nsp_n"],
             # accuracy of always guessing the most common hidden token at [MASK]: the bar to clear
-            "eval_majority_token_acc": max(label_counts.values(), default=0) / max(1, c["mask_n"])}
+            "eval_majority_token_acc": max(label_counts.values(), default=0) / max(1, c["mask_n"]),
+            # NSP's bar: always the more common label. A chunk of one sentence is always NotNext (as in
+            # BERT's create_pretraining_data), and short pairs are often one sentence: not 50/50
+            "eval_nsp_majority_acc": max(c["nsp_next"], c["nsp_n"] - c["nsp_next"]) / max(1, c["nsp_n"])}
 
 
 # ---- one optimizer step's gradients ---------------------------------------------------------
