@@ -222,6 +222,38 @@ def test_other_errors(tiny_bert, pretrained):
         assert r.status_code == 422 and "no [MASK]" in r.json()["error"]
         r = c.post("/fill-mask", json={"texts": ["a [MASK]"], "top_k": 1000})
         assert r.status_code == 422 and "top_k" in r.json()["error"]
+        # 255 texts of 500 [MASK]s fit the body and token limits; their scores would have taken
+        # 16 GB in one pass and their answers hundreds of MB: refused by the answers they ask for
+        r = c.post("/fill-mask", json={"texts": ["[MASK] " * 500] * 255, "top_k": 1})
+        assert r.status_code == 413 and "127500 answers, over the limit of 100000" in r.json()["error"], r.text
+        for body in ({"top_k": 3}, {"text": "a [MASK]", "texts": ["a [MASK]"]}):
+            r = c.post("/fill-mask", json=body)
+            assert r.status_code == 422 and "give 'text' (one text) or 'texts'" in r.json()["error"], r.text
+
+
+def test_fill_mask_runs_in_chunks_that_bound_its_memory_and_answers_as_the_design_says(pretrained, monkeypatch):
+    """The scores over the vocabulary are held for a few texts at a time (texts x [MASK]s x
+    vocabulary floats), with the same answers as one pass; {"text": ...} answers
+    {"predictions": [[{"token", "score"}, ...] per [MASK]]} (DESIGN.md's form)."""
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.inference import fill_mask as fm
+    model, _ = load_model(pretrained)
+    tok = load_tokenizer(pretrained)
+    texts = ["The [MASK] sat.", "[MASK] [MASK] and [MASK] went [MASK] home.", "Paris is the [MASK] of France.",
+             "a [MASK] b [MASK]", "one [MASK]"]
+    whole = fm.fill_mask(model, tok, texts, 4)
+    monkeypatch.setattr(fm, "SCORES_AT_ONCE", 5 * model.config.vocab_size)  # a few texts per pass
+    assert fm._chunks([1, 4, 1, 2, 1], model.config.vocab_size) == [[0], [1], [2, 3], [4]]
+    chunked = fm.fill_mask(model, tok, texts, 4)
+    assert [[[p["token"] for p in m] for m in t] for t in chunked] == [[[p["token"] for p in m] for m in t] for t in whole]
+    for a, b in zip(chunked, whole):
+        for ma, mb in zip(a, b):
+            assert [p["score"] for p in ma] == pytest.approx([p["score"] for p in mb], abs=1e-6)
+    with client(pretrained) as c:
+        r = c.post("/fill-mask", json={"text": texts[1], "top_k": 4})
+        assert r.status_code == 200 and set(r.json()) == {"predictions"}, r.text
+        got = r.json()["predictions"]
+        assert len(got) == 4 and [[p["token"] for p in m] for m in got] == [[p["token"] for p in m] for m in whole[1]]
 
 
 def _raw(c, url, body: bytes):
@@ -434,6 +466,9 @@ def test_serve_refuses_bad_options(tiny_bert, capsys):
     assert "--max-texts" in capsys.readouterr().err
     assert main(["serve", "--model", str(tiny_bert), "--max-tokens", "5000"]) == 2
     assert "512 positions" in capsys.readouterr().err
+    for bad in ("0", "-1"):  # 0 fell back to the default; -1 refused every request
+        assert main(["serve", "--model", str(tiny_bert), "--max-tokens", bad]) == 2
+        assert "--max-tokens must be a positive integer" in capsys.readouterr().err
 
 
 def test_ner_predict_refuses_texts_longer_than_the_model_reads(tmp_path, tiny_bert):

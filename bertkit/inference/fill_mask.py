@@ -29,13 +29,34 @@ def fill_mask(model: BertForPreTraining, tokenizer: WordPieceTokenizer, texts: l
             raise BertkitError(f"text {i} has no {MASK} token: {text!r}")
     device = next(model.parameters()).device
     positions = [row.nonzero().flatten() for row in is_mask]                 # per text: (M_i,)
-    P = max(len(p) for p in positions)
-    padded = torch.stack([torch.cat([p, p.new_zeros(P - len(p))]) for p in positions])  # (B, P)
+    inputs = batch.model_inputs(device)
     model.eval()
-    out = model(**batch.model_inputs(device), mlm_positions=padded.to(device))
-    probs = out.mlm_logits.float().softmax(-1)                               # (B, P, V)
-    k = min(top_k, probs.size(-1))
-    scores, ids = probs.topk(k, dim=-1)
-    return [[[{"token": tokenizer.id_to_token(int(t)), "score": float(s)}
-              for t, s in zip(ids[i, j], scores[i, j])] for j in range(len(positions[i]))]
-            for i in range(len(texts))]
+    results = []
+    for chunk in _chunks([len(p) for p in positions], model.config.vocab_size):
+        P = max(len(positions[i]) for i in chunk)
+        padded = torch.stack([torch.cat([positions[i], positions[i].new_zeros(P - len(positions[i]))])
+                              for i in chunk])                                # (b, P)
+        out = model(**{k: v[chunk] for k, v in inputs.items()}, mlm_positions=padded.to(device))
+        probs = out.mlm_logits.float().softmax(-1)                           # (b, P, V)
+        scores, ids = probs.topk(min(top_k, probs.size(-1)), dim=-1)
+        results += [[[{"token": tokenizer.id_to_token(int(t)), "score": float(s)}
+                      for t, s in zip(ids[r, j], scores[r, j])] for j in range(len(positions[i]))]
+                    for r, i in enumerate(chunk)]
+    return results
+
+
+# scores over the vocabulary held at once: (texts x most [MASK]s in them x vocabulary) floats.
+# One pass over 256 texts of 510 [MASK]s each would have held 16 GB with MiniLM's vocabulary.
+SCORES_AT_ONCE = 1 << 24
+
+
+def _chunks(masks: list[int], vocab_size: int) -> list[list[int]]:
+    """Consecutive runs of texts whose [MASK] scores fit in SCORES_AT_ONCE (one text at least)."""
+    chunks, current, most = [], [], 0
+    for i, m in enumerate(masks):
+        if current and (len(current) + 1) * max(most, m) * vocab_size > SCORES_AT_ONCE:
+            chunks.append(current)
+            current, most = [], 0
+        current.append(i)
+        most = max(most, m)
+    return chunks + [current] if current else chunks

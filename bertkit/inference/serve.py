@@ -32,6 +32,11 @@ from ..inputs import lone_surrogate
 PAGE = Path(__file__).parent / "page" / "index.html"
 
 
+# [MASK] tokens x top_k per /fill-mask request: each answer is a {"token", "score"} object in the
+# reply (256 texts of 510 [MASK]s at top_k 100 would have been 13 M of them, about 650 MB)
+MAX_FILL_MASK_ANSWERS = 100_000
+
+
 @dataclass
 class ServeConfig:
     model: str
@@ -52,6 +57,9 @@ class ServeConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
                 raise BertkitError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.max_tokens is not None and (isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int)
+                                            or self.max_tokens < 1):
+            raise BertkitError(f"--max-tokens must be a positive integer, got {self.max_tokens!r}")
         if self.port > 65535:  # bind() would end in an OverflowError traceback
             raise BertkitError(f"--port must be between 0 and 65535, got {self.port}")
         if not 0 <= self.batch_window_ms <= 1000:
@@ -323,7 +331,10 @@ class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as 
     user: str | None = None
 
 class FillMaskRequest(Strict):
-    texts: list[str] = Field(min_length=1, description="texts with one or more [MASK]")
+    text: str | None = Field(None, description="a text with one or more [MASK]: answered as "
+                                               '{"predictions": [[{"token", "score"}, ...] per [MASK]]}')
+    texts: list[str] | None = Field(None, min_length=1, description="several texts: answered as "
+                                                                    '{"results": [{"text", "masks"}, ...]}')
     top_k: StrictInt = Field(5, ge=1)
 
 class PredictRequest(Strict):
@@ -494,15 +505,28 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             raise RequestError(400, f"{served.name} has no trained MLM head (no cls.predictions.* weights"
                                     + (f"; it is fine-tuned for {served.task.name}" if served.task else "")
                                     + "): fill-mask would answer at random")
+        if (body.text is None) == (body.texts is None):
+            raise RequestError(422, "give 'text' (one text) or 'texts' (a list of texts)"
+                                    + (", not both" if body.text is not None else ""))
+        texts, field = ([body.text], "text") if body.text is not None else (body.texts, "texts")
         if body.top_k > cfg.max_top_k:
             raise RequestError(422, f"top_k: {body.top_k} is over the limit of {cfg.max_top_k}")
-        tokens = check_texts(body.texts, None, "texts")
+        tokens = check_texts(texts, None, field)
         mask_id = served.tokenizer.mask_id
-        for i, t in enumerate(body.texts):
-            if mask_id not in served.counter.encode(t).ids:
-                raise RequestError(422, f"texts[{i}]: no [MASK] token in {t[:80]!r}")
-        results = await batcher.submit(("fill-mask", body.top_k), list(body.texts), tokens)
-        return {"results": [{"text": t, "masks": r} for t, r in zip(body.texts, results)]}
+        masks = 0
+        for i, t in enumerate(texts):
+            n = served.counter.encode(t).ids.count(mask_id)
+            if not n:
+                raise RequestError(422, f"{field}[{i}]: no [MASK] token in {t[:80]!r}")
+            masks += n
+        if masks * body.top_k > MAX_FILL_MASK_ANSWERS:  # each answer is a JSON object in the reply
+            raise RequestError(413, f"{field}: {masks} [MASK] tokens x top_k {body.top_k} = {masks * body.top_k} "
+                                    f"answers, over the limit of {MAX_FILL_MASK_ANSWERS} per request; send fewer "
+                                    "[MASK] tokens or a smaller top_k")
+        results = await batcher.submit(("fill-mask", body.top_k), list(texts), tokens)
+        if body.text is not None:  # the fixed contract's form
+            return {"predictions": results[0]}
+        return {"results": [{"text": t, "masks": r} for t, r in zip(texts, results)]}
 
     @app.post("/predict", summary="the folder's fine-tuned task: classify, ner, tag, qa, summarize or word")
     async def predict(body: PredictRequest):
