@@ -158,6 +158,14 @@ def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_
         assert context[best["start_char"]:best["end_char"]] == r.json()["predictions"][0]["answer"]
         r = c.post("/predict", json={"inputs": ["a bare string"]})
         assert r.status_code == 422 and "question" in r.json()["error"]
+        # the caller's ids come back (repeated ones too: answers follow their questions, not ids);
+        # a misspelt field is named
+        r = c.post("/predict", json={"inputs": [{"question": "What is it about?", "context": context, "id": "q1"},
+                                                {"question": "What?", "context": context, "id": 7},
+                                                {"question": "Who?", "context": context}]})
+        assert [p["id"] for p in r.json()["predictions"]] == ["q1", "7", "2"], r.text
+        r = c.post("/predict", json={"inputs": [{"question": "What?", "context": context, "contxt": "x"}]})
+        assert r.status_code == 422 and "inputs[0].contxt: not a field" in r.json()["error"], r.text
 
 
 def test_the_onnx_backend_serves_the_same_vectors_and_predictions(classifier, tmp_path):
@@ -512,3 +520,62 @@ def test_a_sentence_transformers_folder_is_served_with_its_own_steps(tmp_path, t
                                    atol=1e-5)
         r = c.post("/encode", json={"texts": ["word " * 50]})
         assert r.status_code == 413 and "limit of 40 tokens" in r.json()["error"], r.text
+
+
+def test_a_long_text_is_counted_off_the_event_loop_and_500s_are_in_the_metrics(tiny_bert):
+    """Counting the tokens of ~900 k characters takes seconds; done on the event loop it held up
+    every other client (/health answered in 1.65 s). An internal error (500) is answered outside
+    the metrics middleware: it was never counted."""
+    import httpx
+    app = create_app(ServeConfig(model=str(tiny_bert)))
+    order = []
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=120) as c:
+                async def big():
+                    r = await c.post("/encode", json={"texts": ["!" * 900_000]})
+                    order.append("big")
+                    return r
+
+                async def health():
+                    await asyncio.sleep(0.05)  # once the big request is being counted
+                    r = await c.get("/health")
+                    order.append("health")
+                    return r
+                big_r, health_r = await asyncio.gather(big(), health())
+                assert big_r.status_code == 413 and "--max-tokens" in big_r.json()["error"]
+                assert health_r.status_code == 200
+
+                def boom(key, items):
+                    raise RuntimeError("boom")
+                app.state.served.run_encode = boom
+                r = await c.post("/encode", json={"texts": ["fine"]})
+                assert r.status_code == 500
+                return (await c.get("/metrics")).text
+    metrics = asyncio.run(go())
+    assert order == ["health", "big"]
+    assert 'bertkit_requests_total{endpoint="/encode",status="500"} 1.0' in metrics
+
+
+def test_attention_requests_are_never_joined(pretrained):
+    """Each /attention answer is layers x heads x T x T weights: joined requests were all built
+    before any was answered, so they run one call each (and give what they give alone)."""
+    import httpx
+    app = create_app(ServeConfig(model=str(pretrained), batch_window_ms=200))
+    calls = []
+
+    async def go():
+        async with app.router.lifespan_context(app):
+            served = app.state.served
+            original = served.run_attention
+            served.run_attention = lambda key, items: calls.append(len(items)) or original(key, items)
+            transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+            async with httpx.AsyncClient(transport=transport, base_url="http://test") as c:
+                together = await asyncio.gather(*(c.post("/attention", json={"text": t}) for t in SENTENCES[:4]))
+                alone = [await c.post("/attention", json={"text": t}) for t in SENTENCES[:4]]
+                return together, alone
+    together, alone = asyncio.run(go())
+    assert calls == [1] * 8
+    assert [r.json() for r in together] == [r.json() for r in alone]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 import json
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +32,9 @@ from ..inputs import lone_surrogate
 
 PAGE = Path(__file__).parent / "page" / "index.html"
 
+
+# characters a request's texts may have for their tokens to be counted on the event loop itself
+COUNT_ON_THE_LOOP = 50_000
 
 # [MASK] tokens x top_k per /fill-mask request: each answer is a {"token", "score"} object in the
 # reply (256 texts of 510 [MASK]s at top_k 100 would have been 13 M of them, about 650 MB)
@@ -175,7 +179,15 @@ class Served:
                         and isinstance(x.get("context"), str)):
                     raise RequestError(422, f"inputs[{i}]: the qa task takes objects with string fields "
                                             "'question' and 'context'")
-                out.append(QAExample(str(i), x["question"], x["context"], [], False, ""))
+                unknown = sorted(set(x) - {"question", "context", "id"})
+                if unknown:  # as classify's objects: a misspelt field is named, not dropped
+                    raise RequestError(422, f"inputs[{i}].{unknown[0]}: not a field; objects have 'question', "
+                                            "'context' and optionally 'id'")
+                qid = x.get("id", str(i))
+                if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+                    raise RequestError(422, f"inputs[{i}].id: must be a string or an integer")
+                # the caller's id comes back with the answer, as `bertkit predict qa` keeps the JSONL's
+                out.append(QAExample(str(qid), x["question"], x["context"], [], False, ""))
             return out
         texts, pairs = [], []
         for i, x in enumerate(inputs):
@@ -438,14 +450,19 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     @app.middleware("http")
     async def measure(request: Request, call_next):
         start = time.perf_counter()
-        response = await call_next(request)
         endpoint = request.url.path if request.url.path in KNOWN_PATHS else "other"
+        try:
+            response = await call_next(request)
+        except Exception:  # answered 500 by the handler above, outside this middleware: counted here
+            requests_total.labels(endpoint, "500").inc()
+            latency.labels(endpoint).observe(time.perf_counter() - start)
+            raise
         requests_total.labels(endpoint, str(response.status_code)).inc()
         latency.labels(endpoint).observe(time.perf_counter() - start)
         return response
 
-    def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens,
-                    pair_field: str = "text_pairs", limit_name: str | None = None) -> int:
+    async def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens,
+                          pair_field: str = "text_pairs", limit_name: str | None = None) -> int:
         if len(texts) > cfg.max_texts:
             raise RequestError(413, f"{field}: {len(texts)} texts, over the limit of {cfg.max_texts} per request "
                                     "(--max-texts)")
@@ -457,7 +474,11 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         for i, t in enumerate(pairs or ()):
             if t is not None and not t.strip():
                 raise RequestError(422, f"{pair_field}[{i}]: empty text")
-        counts = served.count(texts, pairs)
+        # texts are counted whole (a limit must see all of a text); a long request is counted off
+        # the event loop: a 1 MB text takes ~2 s, during which every other client waited
+        chars = sum(map(len, texts)) + sum(map(len, (p for p in pairs or () if p is not None)))
+        counts = (await asyncio.to_thread(served.count, texts, pairs) if chars > COUNT_ON_THE_LOOP
+                  else served.count(texts, pairs))
         for i, n in enumerate(counts):
             if n > limit:
                 raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text ("
@@ -465,10 +486,15 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
                                                           else '--max-tokens')) + ")")
         return sum(counts)
 
+    # each /attention request is its own model call: its weights are layers x heads x T x T floats
+    # (a 128-token text on MiniLM: 22 MB of JSON), and joined requests were all built before any
+    # was answered (16 joined MiniLM requests: +1.1 GB)
+    attention_calls = itertools.count()
+
     # ---- endpoints ----
     @app.post("/encode", summary="sentence vectors of texts or text pairs")
     async def encode(body: EncodeRequest):
-        tokens = check_texts(body.texts, body.text_pairs, "texts")
+        tokens = await check_texts(body.texts, body.text_pairs, "texts")
         pooling = body.pooling or served.encoder.default_pooling
         normalize = served.encoder.default_normalize if body.normalize is None else body.normalize
         pairs = body.text_pairs or [None] * len(body.texts)
@@ -488,7 +514,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         if body.dimensions is not None and body.dimensions != served.config.hidden_size:
             raise RequestError(422, f"dimensions: this model gives {served.config.hidden_size} dimensions, "
                                     f"not {body.dimensions}")
-        tokens = check_texts(texts, None, "input")
+        tokens = await check_texts(texts, None, "input")
         pooling = served.encoder.default_pooling
         vectors = await batcher.submit(("encode", pooling, True, False), [(t, None) for t in texts], tokens)
         if body.encoding_format == "base64":
@@ -511,7 +537,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         texts, field = ([body.text], "text") if body.text is not None else (body.texts, "texts")
         if body.top_k > cfg.max_top_k:
             raise RequestError(422, f"top_k: {body.top_k} is over the limit of {cfg.max_top_k}")
-        tokens = check_texts(texts, None, field)
+        tokens = await check_texts(texts, None, field)
         mask_id = served.tokenizer.mask_id
         masks = 0
         for i, t in enumerate(texts):
@@ -538,25 +564,25 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
                                     "per request (--max-texts)")
         examples = served.examples(body.inputs)
         if served.task.name == "qa":  # long contexts are read in windows: their limit is 8x
-            tokens = check_texts([e.question for e in examples], None, "inputs.question")
-            tokens += check_texts([e.context for e in examples], None, "inputs.context", 8 * max_tokens)
+            tokens = await check_texts([e.question for e in examples], None, "inputs.question")
+            tokens += await check_texts([e.context for e in examples], None, "inputs.context", 8 * max_tokens)
         elif served.task.name in ("ner", "tag"):  # words past max_len would come back 'O' as if read
             limit = min(max_tokens, served.max_len)
-            tokens = check_texts(list(body.inputs), None, "inputs", limit,
+            tokens = await check_texts(list(body.inputs), None, "inputs", limit,
                                  limit_name=f"the max_len the {served.task.name} model was fine-tuned with"
                                  if limit < max_tokens else None)
         else:  # a classify input's text_pair counts with its text, as they are read together
             texts = [x if isinstance(x, str) else x["text"] for x in body.inputs]
             pairs = [None if isinstance(x, str) else x.get("text_pair") for x in body.inputs]
-            tokens = check_texts(texts, pairs if any(p is not None for p in pairs) else None, "inputs")
+            tokens = await check_texts(texts, pairs if any(p is not None for p in pairs) else None, "inputs")
         results = await batcher.submit(("predict",), examples, tokens)
         return {"task": served.task.name, "predictions": results}
 
     @app.post("/attention", summary="attention weights of every layer and head")
     async def attention(body: AttentionRequest):
-        tokens = check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
+        tokens = await check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
                              cfg.max_attention_tokens, "text_pair")
-        [result] = await batcher.submit(("attention",), [(body.text, body.text_pair)], tokens)
+        [result] = await batcher.submit(("attention", next(attention_calls)), [(body.text, body.text_pair)], tokens)
         return {"layers": served.config.num_hidden_layers, "heads": served.config.num_attention_heads, **result}
 
     @app.get("/health")
