@@ -184,11 +184,11 @@ def cmd_predict(args) -> None:
     if args.input is not None and args.text:
         raise BertkitError("give --input FILE or texts to predict, not both (one of them would be left out)")
     task, model, tok = load_task_model(args.model, args.task)
-    if args.backend == "onnx":  # the encoder and the head on ONNX Runtime
+    if args.backend != "torch":  # the encoder and the head on ONNX Runtime
         from .inference.export import onnx_task_model
         if args.precision != "fp32":
-            raise BertkitError("--backend onnx runs in fp32; leave --precision at fp32")
-        onnx_task_model(args.model, model)
+            raise BertkitError(f"--backend {args.backend} runs on ONNX Runtime's own weights; leave --precision at fp32")
+        onnx_task_model(args.model, model, int8=args.backend == "onnx-int8")
     if args.input is None and not args.text:
         raise BertkitError("give --input FILE or texts to predict")
     max_len = task_max_len(task, model, args.max_len)  # within the model's position limit
@@ -274,7 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help=PRECISION_HELP)
-    e.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+    e.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
                    help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     e.set_defaults(func=cmd_encode)
 
@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--max-len", type=int, default=None)
     pr.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                     help=PRECISION_HELP)
-    pr.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+    pr.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
                     help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     pr.add_argument("text", nargs="*")
     pr.set_defaults(func=cmd_predict)
@@ -391,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", required=True, help="model folder (pretrained, fine-tuned or exported)")
     sv.add_argument("--host", default="127.0.0.1", help="default loopback only; 0.0.0.0 opens it to the network")
     sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--backend", choices=["torch", "onnx"], default="torch",
+    sv.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
                     help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     sv.add_argument("--no-batching", action="store_true", help="run each request alone")
     sv.add_argument("--batch-window-ms", type=float, default=0.0,

@@ -63,6 +63,12 @@ def test_cli_encode_and_predict_with_the_onnx_backend(tmp_path, tiny_bert, expor
                  "--backend", "onnx"]) == 0
     assert main(["encode", "--model", str(exported), "--input", str(txt), "--output", str(tmp_path / "t.npy")]) == 0
     np.testing.assert_allclose(np.load(tmp_path / "o.npy"), np.load(tmp_path / "t.npy"), atol=1e-4)
+    # --backend onnx-int8 runs the int8 file `export --int8` wrote: near the fp32 vectors, not them
+    assert main(["encode", "--model", str(exported), "--input", str(txt), "--output", str(tmp_path / "i.npy"),
+                 "--backend", "onnx-int8"]) == 0
+    a, b = np.load(tmp_path / "i.npy"), np.load(tmp_path / "o.npy")
+    cosines = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+    assert np.abs(a - b).max() > 1e-5 and cosines.min() > 0.95, cosines
     # a folder without model.onnx says how to make one
     assert main(["encode", "--model", str(tiny_bert), "--input", str(txt), "--output", str(tmp_path / "x.npy"),
                  "--backend", "onnx"]) == 2
@@ -85,6 +91,9 @@ def test_cli_encode_and_predict_with_the_onnx_backend(tmp_path, tiny_bert, expor
         outs.append([json.loads(line) for line in capsys.readouterr().out.splitlines()])
     for a, b in zip(*outs):
         assert a["label"] == b["label"] and a["scores"] == pytest.approx(b["scores"], abs=1e-4)
+    # without model.int8.onnx, --backend onnx-int8 says how to make it
+    assert main(["predict", "classify", "--model", str(tmp_path / "clf-onnx"), "--backend", "onnx-int8", "x"]) == 2
+    assert "--int8" in capsys.readouterr().err
 
 
 def test_export_keeps_a_sentence_transformers_pooling(tmp_path, tiny_bert):

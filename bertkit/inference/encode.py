@@ -31,6 +31,9 @@ POOLINGS = ("cls", "mean", "pooler")
 PRECISIONS = ("fp32", "bf16")
 
 
+BACKENDS = ("torch", "onnx", "onnx-int8")  # onnx-int8: the dynamic int8 weights `export --int8` writes
+
+
 def precision_context(device: torch.device, precision: str = "fp32"):
     """Inference precision: fp32 runs as is; bf16 autocasts on the model's device (CUDA or CPU)."""
     if precision not in PRECISIONS:
@@ -153,14 +156,15 @@ class Encoder:
     @classmethod
     def from_folder(cls, folder: str | Path, device=None, precision: str = "fp32",
                     backend: str = "torch") -> "Encoder":
-        """backend "onnx": the folder's model.onnx on ONNX Runtime (CPU, fp32), from `bertkit export`."""
-        if backend not in ("torch", "onnx"):
-            raise BertkitError(f"unknown backend {backend!r}; choose torch or onnx")
+        """backend "onnx": the folder's model.onnx on ONNX Runtime (CPU, fp32), from `bertkit export`;
+        "onnx-int8": its model.int8.onnx (`bertkit export --int8`)."""
+        if backend not in BACKENDS:
+            raise BertkitError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
         defaults = {"pooling": folder_pooling(folder) or "cls", "normalize": folder_normalize(folder),
                     "max_len": folder_max_len(folder)}
-        if backend == "onnx":
-            return cls(OnnxEncoder.from_folder(folder), tokenizer, precision=precision, **defaults)
+        if backend != "torch":
+            return cls(OnnxEncoder.from_folder(folder, int8=backend == "onnx-int8"), tokenizer, precision=precision, **defaults)
         from ..checkpoint import load_model
         model, _ = load_model(folder, heads=False)
         return cls(model, tokenizer, device=device, precision=precision, **defaults)

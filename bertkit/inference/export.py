@@ -109,10 +109,11 @@ class OnnxHead(nn.Module):
         return tuple(outs) if len(outs) > 1 else outs[0]
 
 
-def onnx_task_model(folder: str | Path, model) -> None:
-    """Swap a loaded task model's encoder and head for their ONNX Runtime stand-ins, in place."""
+def onnx_task_model(folder: str | Path, model, int8: bool = False) -> None:
+    """Swap a loaded task model's encoder (int8: model.int8.onnx) and head for their ONNX Runtime
+    stand-ins, in place."""
     folder = Path(folder)
-    model.bert = OnnxBert.from_folder(folder)
+    model.bert = OnnxBert.from_folder(folder, int8)
     if not (folder / HEAD_ONNX).is_file():
         raise BertkitError(f"{folder}: no {HEAD_ONNX}; export the fine-tuned folder with `bertkit export`")
     model.head = OnnxHead(folder / HEAD_ONNX, model.head)

@@ -68,8 +68,8 @@ class ServeConfig:
             raise BertkitError(f"--port must be between 0 and 65535, got {self.port}")
         if not 0 <= self.batch_window_ms <= 1000:
             raise BertkitError(f"--batch-window-ms must be between 0 and 1000, got {self.batch_window_ms}")
-        if self.backend not in ("torch", "onnx"):
-            raise BertkitError(f"--backend must be torch or onnx, got {self.backend!r}")
+        if self.backend not in ("torch", "onnx", "onnx-int8"):
+            raise BertkitError(f"--backend must be torch, onnx or onnx-int8, got {self.backend!r}")
 
 
 class RequestError(Exception):
@@ -107,14 +107,15 @@ class Served:
         self.body = body.eval()
         self.config = body.config
         self.backend = backend
-        if backend == "onnx":  # the encoder and a task head on ONNX Runtime; /attention reads the torch weights
+        if backend != "torch":  # the encoder and a task head on ONNX Runtime; /attention reads the torch weights
             from .export import onnx_task_model
             from .onnx_runtime import OnnxEncoder
+            int8 = backend == "onnx-int8"
             if self.task_model is not None:
-                onnx_task_model(self.folder, self.task_model)
+                onnx_task_model(self.folder, self.task_model, int8)
                 encoder_body = self.task_model.bert.runtime
             else:
-                encoder_body = OnnxEncoder.from_folder(self.folder)
+                encoder_body = OnnxEncoder.from_folder(self.folder, int8)
         else:
             encoder_body = body
         self.encoder = Encoder(encoder_body, self.tokenizer, folder_pooling(self.folder) or "cls", device="cpu",
