@@ -63,6 +63,12 @@ def test_a_first_phase_on_short_pairs_then_full_length(tmp_path, wiki_excerpt, v
     assert [(r["phase"], r["max_len"]) for r in train] == [(0, 24)] * 3 + [(1, 48)] * 7
     assert summary["pairs_seen"] == 3 * 32 + 7 * 16
     assert summary["config"]["short_len"] == 24
+    # a record's steps are of one phase: the short pairs' last steps are written at the switch
+    # (with --log-every 2, step 4's record held step 3, of the short pairs, as phase 1's)
+    pretrain(_cfg(wiki_excerpt, tmp_path / "every2", vocab=str(vocab), steps=10, max_len=48, short_len=24,
+                  short_share=0.3, eval_every=10, save_every=0, log_every=2))
+    train = [r for r in _lines(tmp_path / "every2") if "mlm_loss" in r]
+    assert [(r["step"], r["phase"]) for r in train] == [(2, 0), (3, 0), (4, 1), (6, 1), (8, 1), (10, 1)]
     # the recipe's first phase is dropped when the pairs are that short already; a user's is checked
     assert _cfg(wiki_excerpt, out, max_len=32).short_len == 0
     assert _cfg(wiki_excerpt, out, max_len=64).short_len == 32
@@ -488,12 +494,12 @@ def test_a_restart_prepares_again_the_data_of_other_options_or_text(tmp_path, wi
     text = wiki_excerpt.read_text().split("\n\n")
     corpus.write_text("\n\n".join(text[:3]) + "\n")
     out = tmp_path / "run"
-    with pytest.raises(BertkitError, match="fewer sentence pairs than one batch"):  # after preparing the data
+    with pytest.raises(BertkitError, match="fewer sentence pairs of 32 tokens than one batch of 4096"):  # after preparing the data
         pretrain(_cfg(corpus, out, vocab=str(vocab), batch_size=4096, holdout_every=0))
     meta = out / "data" / "shards" / "train" / "meta.json"
     small, written = json.loads(meta.read_text())["documents"], meta.stat().st_mtime_ns
     # the same options and text: the prepared data is reused
-    with pytest.raises(BertkitError, match="fewer sentence pairs than one batch"):
+    with pytest.raises(BertkitError, match="fewer sentence pairs of 32 tokens than one batch of 4096"):
         pretrain(_cfg(corpus, out, vocab=str(vocab), batch_size=4096, holdout_every=0))
     assert meta.stat().st_mtime_ns == written
     corpus.write_text("\n\n".join(text) + "\n")  # more text in the same file, as the error asks

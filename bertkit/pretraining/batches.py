@@ -112,8 +112,9 @@ class PretrainingBatches:
                     continue  # rebuilding the order is cheap; only skipped batches' tokens are never read
                 yield Position(epoch, index + 1), self.build(group, np.random.default_rng([self.seed, epoch, index, 3]))
             if n == 0:
-                raise BertkitError(f"the corpus makes fewer sentence pairs than one batch of {self.batch_size}; "
-                                   "lower --batch-size or add text")
+                raise BertkitError(f"the corpus makes fewer sentence pairs of {self.max_len} tokens than one batch "
+                                   f"of {self.batch_size}; lower --batch-size or add text (a first phase on "
+                                   "shorter pairs runs batches as many times larger: --short-len 0 runs none)")
             epoch, skip = epoch + 1, 0
 
     def fixed_batches(self, n_batches: int) -> list[dict]:

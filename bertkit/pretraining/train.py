@@ -586,9 +586,10 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     if eval_store.meta["documents"] >= 2 and cfg.eval_pairs > 0:
         # the same held-out pairs and the textbook's 15% masking whatever the recipe, in batches of 256
         eval_masking = MaskingConfig(0.15, math.ceil(cfg.max_len * 0.15), cfg.whole_word)
-        eval_batches = PretrainingBatches(eval_store, tok, cfg.max_len, min(256, cfg.eval_pairs), eval_masking,
-                                          cfg.seed + 1, cfg.short_seq_prob, drop_last=False
-                                          ).fixed_batches(math.ceil(cfg.eval_pairs / min(256, cfg.eval_pairs)))
+        n_batches = math.ceil(cfg.eval_pairs / 256)  # batches of 256 at most, --eval-pairs in all (300 was 512)
+        eval_batches = PretrainingBatches(eval_store, tok, cfg.max_len, math.ceil(cfg.eval_pairs / n_batches),
+                                          eval_masking, cfg.seed + 1, cfg.short_seq_prob, drop_last=False
+                                          ).fixed_batches(n_batches)
     else:
         log("fewer than two held-out documents: no evaluation (lower --holdout-every or add documents)")
 
@@ -636,7 +637,25 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     batches = _phase_batches(cfg, phase, train_store, tok)
     data_iter = _Prefetch(batches.iterate(position))
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
-                  nsp_hit=0, pairs=0, compute=0.0, steps=0)
+                  nsp_hit=0, pairs=0, compute=0.0, steps=0, lr=0.0)
+
+    def write_window() -> None:
+        """The training figures of the steps since the last record (rank 0), then a new window."""
+        s = window["steps"]
+        record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
+                  "nsp_loss": window["nsp"] / s, "skipped_steps": guard.skipped,
+                  # accuracy at [MASK] positions; random and unchanged positions apart
+                  "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
+                  "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
+                  "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"]),
+                  "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": window["lr"],
+                  "phase": phase, "max_len": batches.max_len, "epoch": position.epoch, "elapsed_s": elapsed(),
+                  "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])}
+        metrics.write(record)
+        bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", acc=f"{record['mlm_acc']:.3f}",
+                        nsp=f"{record['nsp_loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
+        window.update({k: 0 for k in window})
+
     # SIGINT (Ctrl-C) and SIGTERM end the run after the current step, with a checkpoint
     signals = StopSignals()
     signals.install()
@@ -667,6 +686,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             lr *= lr_scale  # halved by each roll-back after non-finite steps
             set_lr(opt, lr)
             if phase == 0 and not _in_short_phase(cfg, step, now - start_s, end - start_s if cfg.budget else 0.0):
+                if main and window["steps"]:  # the short pairs' last steps: logged as theirs
+                    write_window()
                 phase, position = 1, Position()  # on to full-length pairs (every rank at the same step)
                 data_iter.close()
                 batches = _phase_batches(cfg, phase, train_store, tok)
@@ -723,6 +744,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                     window[key] += value
                 window["pairs"] += batches.batch_size
                 window["steps"] += 1
+                window["lr"] = lr  # the last step's (at a phase switch the next step's is already set)
             window["compute"] += took
             # rank 0's clock and anyone's signal: every rank stops at the same step
             (now, step_s, eval_s, save_s), interrupted = procs.agree_with_rank_0(
@@ -731,20 +753,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             # a budgeted run stops when one more step, the final evaluation and the saving would not fit
             last = step >= cfg.steps if cfg.steps else now + step_s > cfg.budget - eval_s - 2 * save_s
             if main and (step % cfg.log_every == 0 or last) and window["steps"]:
-                s = window["steps"]
-                record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
-                          "nsp_loss": window["nsp"] / s, "skipped_steps": guard.skipped,
-                          # accuracy at [MASK] positions; random and unchanged positions apart
-                          "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
-                          "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
-                          "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"]),
-                          "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": lr,
-                          "phase": phase, "max_len": batches.max_len, "epoch": position.epoch, "elapsed_s": elapsed(),
-                          "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])}
-                metrics.write(record)
-                bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", acc=f"{record['mlm_acc']:.3f}",
-                                nsp=f"{record['nsp_loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
-                window = {k: 0 for k in window}
+                write_window()
             if main and eval_batches and (step % cfg.eval_every == 0 or last):
                 t_eval = time.perf_counter()
                 last_eval = {"step": step, **evaluate(model, eval_batches, device, tok.mask_id),
