@@ -146,10 +146,10 @@ def main():
         s["speedup_by_round"] = [t / b for t, b in zip(s["rounds_s"], times["full"]["bertkit"])]
     import torch
 
-    from bertkit.training.distributed import amx_bf16
+    from bertkit.training.distributed import native_bf16
     result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
               "threads": torch.get_num_threads(),
-              "amx_bf16": amx_bf16(),
+              "native_bf16": native_bf16(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,
               "min_cosine_vs_bertkit": cosines}

@@ -8,7 +8,7 @@ Choices compared:
 - ner: softmax against the CRF (the `tag` task), the learning rate;
 - qa: epochs (328 training questions are few);
 - summarize (aclsum): the learning rate (transformers has no head for it);
-- the training steps in fp32 against bf16 autocast (the default on a CPU with AMX). Every other
+- the training steps in fp32 against bf16 autocast (the default on a CPU with native bf16). Every other
   bertkit row trains in fp32, as transformers' plain loop does.
 
 The real MiniLM checkpoint, the built-in data sets with their fixed splits, training sets capped
@@ -58,7 +58,7 @@ STUDY: dict[str, dict[str, dict]] = {
         "pooler, lr 1e-4": {"options": {"pooling": "pooler"}, "lr": 1e-4},
         "pooler, 3 epochs": {"options": {"pooling": "pooler"}, "epochs": 3},
         "mean, 3 epochs": {"options": {"pooling": "mean"}, "epochs": 3},
-        # the training steps under bf16 autocast (what --precision auto does on a CPU with AMX)
+        # the training steps under bf16 autocast (what --precision auto does on a CPU with native bf16)
         "mean, 3 epochs, bf16": {"options": {"pooling": "mean"}, "epochs": 3, "precision": "bf16"},
         "transformers": {},
         "transformers, 3 epochs": {"epochs": 3},
@@ -91,7 +91,7 @@ STUDY: dict[str, dict[str, dict]] = {
     # that the table shows what is the recipe and what is bertkit
     "qa": {
         "2 epochs": {},
-        "2 epochs, bf16": {"precision": "bf16"},  # the default recipe as it trains on an AMX CPU
+        "2 epochs, bf16": {"precision": "bf16"},  # the default recipe as it trains on a native bf16 CPU
         "8 epochs, bf16": {"epochs": 8, "precision": "bf16"},
         "transformers": {},
         "transformers, 8 epochs": {"epochs": 8, "seeds": [0]},  # context for the recipe: one seed

@@ -12,7 +12,7 @@ Runs are strictly sequential: two runs sharing 2 cores slow each other down far 
 
 Writes benchmarks/results/pretrain_recipes.json, docs/pretrain-recipes.png (held-out accuracy
 at [MASK] against wall time) and prints a Markdown table for benchmarks/README.md. Each run
-trains in `bertkit pretrain`'s default precision (bf16 autocast on a CPU with AMX), recorded
+trains in `bertkit pretrain`'s default precision (bf16 autocast on a CPU with native bf16), recorded
 per recipe.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ after a peer's faults its memory in again (the page faults of each step are reco
 alternation understates what a run of bertkit alone gets, most for the first bertkit row of
 each round (bertkit's rows with its setting run one after another), the fp32 "bertkit" row.
 It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
-took, as a share of this machine's measured fp32 matmul peak. On a CPU with AMX tiles, where
+took, as a share of this machine's measured fp32 matmul peak. On a CPU with native bf16 (AMX or AVX512_BF16), where
 bertkit trains in bf16 autocast by default, bertkit, d2l and transformers also run with their
 forward passes under bf16 autocast, and those rows' MFU is given against the bf16 matmul peak too.
 
@@ -52,7 +52,7 @@ from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
-from bertkit.training.distributed import amx_bf16
+from bertkit.training.distributed import native_bf16
 from bertkit.training.memory import keep_freed_memory
 from machine import cpu_name
 
@@ -70,7 +70,7 @@ def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32) -> float:
 
 
 def forward_in(bf16: bool):
-    """The forward pass under bf16 autocast (as bertkit's training steps run on an AMX CPU), or fp32."""
+    """The forward pass under bf16 autocast (as bertkit's training steps run on a native bf16 CPU), or fp32."""
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 
 
@@ -246,8 +246,8 @@ def main():
             "d2l BERTModel (textbook)": (d2l_step, textbook, False),
             "d2l BERTModel with bertkit's malloc setting": (d2l_step, textbook_kept, True),
             "transformers": (hf_step, theirs, False)}
-    if amx_bf16():
-        # bf16 autocast, as bertkit's training runs on a CPU with AMX tiles, and the peers given the same
+    if native_bf16():
+        # bf16 autocast, as bertkit's training runs on a CPU with native bf16, and the peers given the same
         ours_bf16, ours_bf16_no_dropout = BertForPreTraining(cfg), BertForPreTraining(cfg)
         for model in (ours_bf16, ours_bf16_no_dropout):
             model.load_state_dict(ours.state_dict())
@@ -286,7 +286,7 @@ def main():
             faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
     keep_freed_memory(False)
     peak = matmul_peak()
-    bf16_peak = matmul_peak(dtype=torch.bfloat16) if amx_bf16() else None
+    bf16_peak = matmul_peak(dtype=torch.bfloat16) if native_bf16() else None
 
     rows = {}
     for name in times:

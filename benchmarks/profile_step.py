@@ -1,6 +1,6 @@
 """Where the time of one pretraining step goes: torch.profiler over bertkit's step on the textbook
 workload (tiny, batch 512, length 64, MLM + NSP, AdamW, CPU, fp32 or with the forward pass under
-bf16 autocast as bertkit trains on an AMX CPU), with the textbook's dropout 0.1 and with the
+bf16 autocast as bertkit trains on a native bf16 CPU), with the textbook's dropout 0.1 and with the
 default recipe's dropout 0. Prints Markdown tables for benchmarks/README.md.
 
     .venv/bin/python benchmarks/profile_step.py [--vocab-size 8192] [--precision bf16]

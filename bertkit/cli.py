@@ -250,7 +250,8 @@ def cmd_data_list(args) -> None:
         print(f"{name:20} {line}")
 
 
-PRECISION_HELP = "fp32 (default) or bf16 autocast: faster on a GPU and on a CPU with AMX, results drift from fp32"
+PRECISION_HELP = ("fp32 (default) or bf16 autocast: faster on a GPU and on a CPU with native bf16 (AMX or AVX512_BF16), "
+                  "results drift from fp32")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -319,8 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--compile", action="store_true",
                     help="torch.compile the model (pays on a GPU; falls back to eager if it cannot compile)")
     pt.add_argument("--precision", choices=["auto", "fp32", "bf16"],
-                    help="the training steps' precision (default auto: bf16 autocast on a GPU and on a CPU with AMX, "
-                         "else fp32; weights and optimizer state stay fp32)")
+                    help="the training steps' precision (default auto: bf16 autocast on a GPU and on a CPU with native "
+                         "bf16 matmuls, AMX or AVX512_BF16, else fp32; weights and optimizer state stay fp32)")
     pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples at the end")
     pt.set_defaults(func=cmd_pretrain)
 
@@ -355,8 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write into --out even when it is not empty (its files may be replaced)")
     ft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (the batch size stays the same)")
     ft.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                    help="the training steps: auto (default) is bf16 autocast on a GPU and on a CPU with AMX "
-                         "(Sapphire Rapids and later), fp32 elsewhere; evaluation is always fp32")
+                    help="the training steps: auto (default) is bf16 autocast on a GPU and on a CPU with native bf16 "
+                         "matmuls (AMX: Sapphire Rapids and later; AVX512_BF16: Zen 4 and later), fp32 elsewhere; "
+                         "evaluation is always fp32")
     ft.add_argument("--shuffled-batches", action="store_true",
                     help="plain shuffled batches instead of length-grouped ones (less padding, the default)")
     ft.add_argument("--budget", help="wall-clock budget instead of --epochs, e.g. 20m; the lr follows its elapsed share")

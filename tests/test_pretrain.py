@@ -201,13 +201,13 @@ def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vo
     HF.from_pretrained(str(out))
 
 
-@pytest.mark.parametrize("amx, precision, steps_in_bf16", [(True, "auto", True), (False, "auto", False),
-                                                          (True, "fp32", False), (False, "bf16", True)])
-def test_the_steps_run_in_bf16_autocast_on_an_amx_cpu_and_evaluation_in_fp32(
-        tmp_path, wiki_excerpt, vocab, monkeypatch, amx, precision, steps_in_bf16):
+@pytest.mark.parametrize("native, precision, steps_in_bf16", [(True, "auto", True), (False, "auto", False),
+                                                             (True, "fp32", False), (False, "bf16", True)])
+def test_the_steps_run_in_bf16_autocast_on_a_native_bf16_cpu_and_evaluation_in_fp32(
+        tmp_path, wiki_excerpt, vocab, monkeypatch, native, precision, steps_in_bf16):
     from bertkit.model import BertForPreTraining
     from bertkit.training import distributed
-    monkeypatch.setattr(distributed, "amx_bf16", lambda: amx)
+    monkeypatch.setattr(distributed, "native_bf16", lambda: native)
     seen = []  # (training, autocast on) per forward pass
     forward = BertForPreTraining.forward
     monkeypatch.setattr(BertForPreTraining, "forward", lambda self, *a, **k: seen.append(

@@ -2,9 +2,9 @@
 
 Texts are sorted by length (longest first) and batched so that padding is minimal; results
 come back in input order. The model runs in fp32 unless bf16 is asked for: bf16 autocast is
-faster on a GPU and on a CPU with AMX (MiniLM on 2 AMX cores: about 1.9x), but moves vectors
+faster on a GPU and on a CPU with native bf16 (MiniLM on 2 AMX cores: about 1.9x), but moves vectors
 off their fp32 values (there: max abs diff 1e-2, cosine to the fp32 vector at least 0.9999),
-which users comparing or storing vectors do not expect. On a CPU without AMX bf16 is usually
+which users comparing or storing vectors do not expect. On a CPU without native bf16 it is usually
 slower. An exported encoder on ONNX Runtime (OnnxEncoder) runs here too, and that path never
 imports torch.
 """

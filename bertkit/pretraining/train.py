@@ -94,7 +94,7 @@ class PretrainConfig:
     resume: bool = False
     tensorboard: bool = False
     compile: bool = False            # torch.compile the model (pays on GPUs; measured no gain on a 2-core CPU)
-    # the steps' precision: "auto" is bf16 autocast on a GPU and on a CPU with AMX (the default
+    # the steps' precision: "auto" is bf16 autocast on a GPU and on a CPU with native bf16 (the default
     # recipe's step there: 52 against 82 ms in fp32), else fp32; weights and optimizer stay fp32
     precision: str = "auto"
     shard_tokens: int = 10_000_000   # tokens per memory-mapped shard
