@@ -99,6 +99,44 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p, self.training)
 
 
+# ---- linear layers -------------------------------------------------------------------------
+# torch's fp32 matmuls on a CPU are MKL's, which takes slower code paths on AMD CPUs: on a Zen 4
+# (2 cores, AVX-512) oneDNN's fp32 inner product ran MiniLM's linear shapes 1.05-1.4x faster than
+# F.linear, and a whole MiniLM encode 1.15x faster (benchmarks/onednn_linear.py). So fp32 inference
+# there goes through oneDNN; training (autograd), autocast, tracing and export keep F.linear.
+# Results equal F.linear's to fp32 rounding (tests/test_model.py).
+
+def _onednn_linear_pays() -> bool:
+    """An AMD CPU with AVX-512 (Zen 4 and later), where oneDNN was measured faster; not measured
+    on Zen 1-3, nor faster on the Intel Xeon (there MKL's GEMMs run at 98% of its matmul peak)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            amd = "AuthenticAMD" in f.read(4096)
+    except OSError:
+        return False
+    return (amd and torch.backends.mkldnn.is_available() and bool(getattr(torch.cpu, "_is_avx512_supported", bool)())
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+ONEDNN_LINEAR = _onednn_linear_pays()
+
+
+def linear(x, weight, bias=None):
+    """F.linear; fp32 inference on a CPU where it pays (ONEDNN_LINEAR) runs oneDNN's kernel."""
+    if (ONEDNN_LINEAR and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
+            and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
+            and not torch.jit.is_tracing() and not torch.compiler.is_compiling()):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (the same parameters and names) through linear()."""
+
+    def forward(self, x):
+        return linear(x, self.weight, self.bias)
+
+
 # Attention with dropout runs a head at a time when each head's score matrices are this large
 # (B * T * T elements) and for smaller ones as one batched matmul over head-major copies of q, k,
 # v: per head, bmm reads them where they lie in qkv (no copies), but 12 small heads cost more in
@@ -169,8 +207,8 @@ class SelfAttention(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
         self.n_head = cfg.num_attention_heads
-        self.qkv = nn.Linear(cfg.hidden_size, 3 * cfg.hidden_size)
-        self.out = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.qkv = Linear(cfg.hidden_size, 3 * cfg.hidden_size)
+        self.out = Linear(cfg.hidden_size, cfg.hidden_size)
         self.attn_dropout = cfg.attention_probs_dropout_prob
 
     def forward(self, x, mask, queries=None):
@@ -181,8 +219,8 @@ class SelfAttention(nn.Module):
             q, k, v = self.qkv(x).split(H, dim=2)                                      # 3 x (B, T, H)
             return self.out(attention(q, k, v, self.n_head, mask, p))                  # (B, T, H)
         (wq, wkv), (bq, bkv) = self.qkv.weight.split([H, 2 * H]), self.qkv.bias.split([H, 2 * H])
-        q = F.linear(queries, wq, bq)                                                  # (B, Q, H)
-        k, v = F.linear(x, wkv, bkv).split(H, dim=2)                                   # 2 x (B, T, H)
+        q = linear(queries, wq, bq)                                                    # (B, Q, H)
+        k, v = linear(x, wkv, bkv).split(H, dim=2)                                     # 2 x (B, T, H)
         return self.out(attention(q, k, v, self.n_head, mask, p))                      # (B, Q, H)
 
 
@@ -193,8 +231,8 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.attn = SelfAttention(cfg)
         self.attn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.ffn_in = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
-        self.ffn_out = nn.Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.ffn_in = Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.ffn_out = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.ffn_norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.drop = Dropout(cfg.hidden_dropout_prob)
 
@@ -214,7 +252,7 @@ class Pooler(nn.Module):
 
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(self, x):
         return torch.tanh(self.dense(x[:, 0]))  # (B, H)
@@ -261,7 +299,7 @@ class MLMHead(nn.Module):
 
     def __init__(self, cfg: BertConfig, word_embeddings: nn.Embedding):
         super().__init__()
-        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense = Linear(cfg.hidden_size, cfg.hidden_size)
         self.norm = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
         self.decoder_weight = word_embeddings.weight  # tied: the same Parameter, (V, H)
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
@@ -270,7 +308,7 @@ class MLMHead(nn.Module):
         return self.norm(F.gelu(self.dense(h)))             # (N, H)
 
     def forward(self, h):
-        return F.linear(self.transform(h), self.decoder_weight, self.bias)  # (N, V)
+        return linear(self.transform(h), self.decoder_weight, self.bias)  # (N, V)
 
 
 MLM_ROWS_MULTIPLE = 64
@@ -331,7 +369,7 @@ class LinearCrossEntropy(torch.autograd.Function):
 class NSPHead(nn.Module):
     def __init__(self, cfg: BertConfig):
         super().__init__()
-        self.classifier = nn.Linear(cfg.hidden_size, 2)  # 0 = B follows A, 1 = B is random (HF order)
+        self.classifier = Linear(cfg.hidden_size, 2)  # 0 = B follows A, 1 = B is random (HF order)
 
     def forward(self, pooled):
         return self.classifier(pooled)  # (B, 2)

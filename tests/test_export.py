@@ -162,3 +162,27 @@ def test_export_onnx_file_is_the_encoder_alone(tmp_path, tiny_bert, capsys):
     with pytest.raises(SystemExit):
         main(["export", "--model", str(tiny_bert), "--onnx", str(path), "--out", str(tmp_path / "o")])
     assert "not allowed with" in capsys.readouterr().err
+
+
+def test_export_runs_the_plain_linear_where_fp32_inference_takes_onednn(tmp_path, tiny_bert, monkeypatch):
+    """On a CPU where bertkit's fp32 inference runs oneDNN's linear kernel (model.ONEDNN_LINEAR),
+    the exported graph still holds plain ONNX operators that ONNX Runtime runs within 1e-4."""
+    import onnx
+    import onnxruntime as ort
+    from bertkit import model
+    from bertkit.checkpoint import load_model, load_tokenizer
+    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    path = tmp_path / "encoder.onnx"
+    with torch.no_grad():  # as a caller of the Python API may export
+        assert main(["export", "--model", str(tiny_bert), "--onnx", str(path)]) == 0
+    assert {node.domain for node in onnx.load(str(path)).graph.node} <= {"", "ai.onnx"}
+    batch = load_tokenizer(tiny_bert).encode(SENTENCES)
+    bert, _ = load_model(tiny_bert, heads=False, quiet=True)
+    with torch.inference_mode():
+        ref = bert.eval()(**batch.model_inputs("cpu"))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feeds = {k: getattr(batch, k).numpy() for k in ("input_ids", "token_type_ids", "attention_mask")}
+    sequence, pooled = session.run(["sequence_output", "pooled_output"], feeds)
+    keep = batch.attention_mask.bool().numpy()
+    np.testing.assert_allclose(sequence[keep], ref.sequence_output.numpy()[keep], atol=1e-4)
+    np.testing.assert_allclose(pooled, ref.pooled_output.numpy(), atol=1e-4)

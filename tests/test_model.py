@@ -374,3 +374,76 @@ def test_bf16_training_attention_without_dropout_is_spelled_out_and_equals_sdpa(
         inference = _attention(qkv.to(torch.bfloat16), nh, mask, 0.0)
     assert calls == [torch.float32, torch.bfloat16]
     assert torch.allclose(inference.float(), ref.detach(), atol=3e-2, rtol=2e-2)
+
+
+def _aten_ops(fn):
+    """fn's result and the names of the aten/mkldnn ops it ran."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+    with Ops() as ops:
+        out = fn()
+    return out, ops.names
+
+
+onednn = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")),
+                            reason="this torch build has no oneDNN linear kernel")
+
+
+@onednn
+def test_onednn_linear_equals_f_linear_and_runs_for_fp32_inference_only(monkeypatch):
+    import torch.nn.functional as F
+
+    from bertkit import model
+    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
+    inputs = [torch.randn(5, 16, generator=g), torch.randn(3, 7, 16, generator=g), torch.randn(0, 16),
+              torch.randn(2, 0, 16), torch.randn(16, 5, generator=g).t(),          # empty and strided inputs
+              torch.randn(4, 6, 16, generator=g)[:, 0], torch.randn(3, 7, 32, generator=g)[..., ::2]]
+    with torch.inference_mode():
+        for x in inputs:
+            for bias in (b, None):
+                y, ops = _aten_ops(lambda: model.linear(x, w, bias))
+                assert "mkldnn._linear_pointwise" in ops
+                assert y.shape == F.linear(x, w, bias).shape
+                torch.testing.assert_close(y, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    x = inputs[1]
+    _, ops = _aten_ops(lambda: model.linear(x, w.requires_grad_(), b))  # training: autograd needs F.linear
+    assert "mkldnn._linear_pointwise" not in ops
+    w.requires_grad_(False)
+
+    def under_autocast():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model.linear(x, w, b)
+    with torch.no_grad():
+        for run in (lambda: model.linear(x.double(), w.double(), b.double()), under_autocast):  # not fp32
+            _, ops = _aten_ops(run)
+            assert "mkldnn._linear_pointwise" not in ops
+    monkeypatch.setattr(model, "ONEDNN_LINEAR", False)
+    with torch.no_grad():
+        _, ops = _aten_ops(lambda: model.linear(x, w, b))
+    assert "mkldnn._linear_pointwise" not in ops
+
+
+@onednn
+def test_minilm_encodes_the_same_vectors_through_onednn(monkeypatch, minilm_folder):
+    # the real checkpoint on real sentences, the whole model with its linear layers either way
+    from bertkit import model
+    from bertkit.inference.encode import Encoder
+    texts = ["The cat sat on the mat.", "A crane lifted the steel beam onto the roof of the new station.",
+             "Stocks fell sharply on Monday", "ok"]
+    enc = Encoder.from_folder(minilm_folder)
+    monkeypatch.setattr(model, "ONEDNN_LINEAR", False)
+    plain = enc.encode(texts)
+    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    fast, ops = _aten_ops(lambda: enc.encode(texts))
+    assert "mkldnn._linear_pointwise" in ops and "aten.addmm" not in ops
+    assert abs(fast - plain).max() < 1e-5

