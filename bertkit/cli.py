@@ -19,10 +19,12 @@ def cmd_tokenizer_train(args) -> None:
     # a non-empty --out (a model folder's config.json, an earlier tokenizer_config.json) is never
     # written into without --overwrite; an unwritable one fails before the corpus is read
     out = check_output_folder(args.out, args.overwrite)
-    from .pretraining.corpus import iter_documents
+    from .pretraining.corpus import built_in_only, iter_documents
 
     # read fully first: a bad file fails before anything is written
-    texts = [s for doc in iter_documents(args.corpus) for s in doc]
+    if args.sentence_per_line and built_in_only(args.corpus):
+        raise BertkitError(f"--sentence-per-line is for text files; corpus {args.corpus!r} is built in")
+    texts = [s for doc in iter_documents(args.corpus, per_line=args.sentence_per_line) for s in doc]
     if not texts:
         raise BertkitError(f"{args.corpus}: the corpus holds no text")
     tok = WordPieceTokenizer.train(texts, args.vocab_size, lowercase=not args.cased,
@@ -72,7 +74,7 @@ def cmd_pretrain(args) -> None:
         "short_len", "short_share", "lr",
         "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
         "eval_every", "eval_pairs", "save_every", "log_every", "seed", "precision")}
-    for flag in ("resume", "whole_word", "tensorboard", "doc_per_file", "compile"):
+    for flag in ("resume", "whole_word", "tensorboard", "doc_per_file", "sentence_per_line", "compile"):
         if getattr(args, flag):
             overrides[flag] = True
     if args.vocab_size is not None and (args.vocab or (args.model and args.model not in PRESETS)):
@@ -250,6 +252,9 @@ def cmd_data_list(args) -> None:
         print(f"{name:20} {line}")
 
 
+SENTENCE_PER_LINE_HELP = ("each line of the .txt files is one sentence, used as it is instead of split into "
+                          "sentences (the input of Google's create_pretraining_data.py: one sentence per line, "
+                          "blank lines between documents)")
 PRECISION_HELP = ("fp32 (default) or bf16 autocast: faster on a GPU and on a CPU with native bf16 (AMX or AVX512_BF16), "
                   "results drift from fp32")
 
@@ -285,6 +290,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(Debian's documentation packages); A+B adds B as training-only text")
     pt.add_argument("--doc-per-file", action="store_true",
                     help="each .txt file is one document (default: blank lines separate documents)")
+    pt.add_argument("--sentence-per-line", action="store_true", help=SENTENCE_PER_LINE_HELP)
     pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
     pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
     pt.add_argument("--recipe", choices=["fast", "textbook"],
@@ -437,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--out", required=True)
     tt.add_argument("--min-frequency", type=int, default=2)
     tt.add_argument("--cased", action="store_true", help="keep case (default: lower-case, as uncased BERT)")
+    tt.add_argument("--sentence-per-line", action="store_true", help=SENTENCE_PER_LINE_HELP)
     tt.add_argument("--overwrite", action="store_true", help="replace an existing vocabulary in --out")
     tt.set_defaults(func=cmd_tokenizer_train)
     return p

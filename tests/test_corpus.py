@@ -122,6 +122,30 @@ def test_one_document_per_file(tmp_path):
     assert len(list(iter_documents(tmp_path))) == 3
 
 
+def test_sentence_per_line_takes_each_line_as_one_sentence(tmp_path, wiki_excerpt):
+    """Google's create_pretraining_data.py input: one sentence per line, blank lines between
+    documents. Lines are used as they are (pysbd would split the first and join nothing)."""
+    from bertkit.pretraining.train import PretrainConfig
+    corpus = write(tmp_path / "c.txt", "Dr. Smith met Mr. Jones. They talked.\n  Second line  \n\n"
+                                      "Another document\n")
+    assert list(iter_documents(corpus)) == [["Dr. Smith met Mr. Jones.", "They talked.", "Second line"],
+                                            ["Another document"]]
+    assert list(iter_documents(corpus, per_line=True)) == [["Dr. Smith met Mr. Jones. They talked.", "Second line"],
+                                                           ["Another document"]]
+    assert list(iter_documents(corpus, per_file=True, per_line=True)) == [
+        ["Dr. Smith met Mr. Jones. They talked.", "Second line", "Another document"]]
+    # a corpus written one sentence per line reads back as the documents written
+    written = [doc.split("\n") for doc in wiki_excerpt.read_text().strip().split("\n\n")]
+    assert list(iter_documents(wiki_excerpt, per_line=True)) == written
+    # joined, each text file's part is read per line
+    joined = list(iter_documents(f"{wiki_excerpt}+{corpus}", per_line=True))
+    assert joined == written + [["Dr. Smith met Mr. Jones. They talked.", "Second line"], ["Another document"]]
+    PretrainConfig(corpus=f"wiki+{corpus}", out=str(tmp_path / "o"), sentence_per_line=True)
+    for built_in in ("wiki", "wiki+python-docs"):  # nothing to read per line: refused, not ignored
+        with pytest.raises(BertkitError, match="--sentence-per-line is for text files"):
+            PretrainConfig(corpus=built_in, out=str(tmp_path / "o"), sentence_per_line=True)
+
+
 @settings(max_examples=300, deadline=None)
 @given(blob=st.one_of(
     st.binary(max_size=3000),

@@ -36,7 +36,7 @@ digest = hashlib.sha256(b"".join(state[k].detach().contiguous().numpy().tobytes(
 def _options(corpus, vocab, out, steps, **more):
     return json.dumps({"corpus": str(corpus), "vocab": str(vocab), "out": str(out), "steps": steps, "batch_size": 16,
                        "max_len": 32, "holdout_every": 6, "eval_every": 100, "eval_pairs": 16, "save_every": 2,
-                       "log_every": 1, "seed": 5, "progress": False, **more})
+                       "log_every": 1, "seed": 5, "progress": False, "sentence_per_line": True, **more})
 
 
 def _port() -> int:

@@ -15,7 +15,7 @@ from bertkit.pretraining.train import PretrainConfig, pretrain
 def _cfg(corpus, out, **kw):
     base = dict(corpus=str(corpus), model="tiny", out=str(out), steps=6, batch_size=16, max_len=32,
                 vocab_size=600, holdout_every=6, eval_every=3, eval_pairs=32, save_every=3, log_every=1,
-                seed=3, progress=False)
+                seed=3, progress=False, sentence_per_line=True)  # the corpora here are split already
     return PretrainConfig(**{**base, **kw})
 
 
@@ -183,8 +183,8 @@ def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vo
     import subprocess
     import sys
     out = tmp_path / "ddp"
-    args = ["--corpus", str(wiki_excerpt), "--vocab", str(vocab), "--out", str(out), "--steps", "4",
-            "--batch-size", "16", "--max-len", "32", "--holdout-every", "6", "--eval-every", "4",
+    args = ["--corpus", str(wiki_excerpt), "--sentence-per-line", "--vocab", str(vocab), "--out", str(out),
+            "--steps", "4", "--batch-size", "16", "--max-len", "32", "--holdout-every", "6", "--eval-every", "4",
             "--save-every", "2", "--log-every", "1", "--seed", "3", "--no-samples"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
@@ -342,7 +342,7 @@ def test_lr_factor_follows_the_elapsed_share_of_a_budget():
 
 
 def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_clock(tmp_path, wiki_excerpt, vocab):
-    budget = 16.0
+    budget = 8.0
     cfg = dict(vocab=str(vocab), steps=None, budget=f"{budget}s", save_every=5, eval_every=1000, warmup=0.2)
     out = tmp_path / "b"
     summary = pretrain(_cfg(wiki_excerpt, out, **cfg))
@@ -428,8 +428,8 @@ def test_compiled_run_equals_the_eager_run(tmp_path, wiki_excerpt, vocab):
 
 # ---- nothing lost: signals, runs stopped early, damaged checkpoints, SIGKILL at any moment ----
 def _cli_args(corpus, vocab, out, steps):
-    return ["--corpus", str(corpus), "--vocab", str(vocab), "--out", str(out), "--steps", str(steps),
-            "--batch-size", "16", "--max-len", "32", "--holdout-every", "6", "--eval-every", "5",
+    return ["--corpus", str(corpus), "--sentence-per-line", "--vocab", str(vocab), "--out", str(out),
+            "--steps", str(steps), "--batch-size", "16", "--max-len", "32", "--holdout-every", "6", "--eval-every", "5",
             "--eval-pairs", "16", "--save-every", "4", "--log-every", "1", "--seed", "3", "--no-samples"]
 
 

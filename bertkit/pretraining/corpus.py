@@ -143,26 +143,32 @@ def _file_lines(path: Path) -> Iterator[str]:
             lineno += 1
 
 
-def _file_documents(path: Path) -> Iterator[Document]:
+def _sentences(text: str, per_line: bool) -> list[str]:
+    """split_sentences(text); with per_line each non-blank line is one sentence already (the input
+    format of Google's create_pretraining_data.py), kept as it is but for surrounding spaces."""
+    return [s for s in map(str.strip, text.splitlines()) if s] if per_line else split_sentences(text)
+
+
+def _file_documents(path: Path, per_line: bool = False) -> Iterator[Document]:
     lines: list[str] = []
     for line in itertools.chain(_file_lines(path), [""]):  # the sentinel flushes the last document
         if line.strip():
             lines.append(line)
         elif lines:
-            sentences = split_sentences("\n".join(lines))
+            sentences = _sentences("\n".join(lines), per_line)
             lines = []
             if sentences:
                 yield sentences
 
 
-def _files_documents(files: Iterable[Path], per_file: bool = False) -> Iterator[Document]:
+def _files_documents(files: Iterable[Path], per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
     for path in files:  # one file in memory at a time
         if per_file:
-            sentences = split_sentences(_read(path))
+            sentences = _sentences(_read(path), per_line)
             if sentences:
                 yield sentences
         else:
-            yield from _file_documents(path)
+            yield from _file_documents(path, per_line)
 
 
 def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | None:
@@ -170,7 +176,7 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
     lines; with per_file, files with text), counted from its lines alone and stopping at the
     second; None for the built-in corpora. Splitting a 5 MB one-line corpus into sentences took
     26 s before the run said it needs two."""
-    if str(source) == "wiki" or str(source) in DOC_SOURCES or ("+" in str(source) and not Path(source).exists()):
+    if str(source) == "wiki" or str(source) in DOC_SOURCES or _is_joined(source):
         return None
     found = 0
     for f in _corpus_files(Path(source)):
@@ -224,22 +230,33 @@ def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
             yield sentences
 
 
-def iter_documents(source: str | Path, per_file: bool = False) -> Iterator[Document]:
+def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
     """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", a text file, or a
     folder of *.txt files; or several joined by "+" ("wiki+python-docs"), where the documents of
     all but the first are TrainOnly. Documents are separated by blank lines, or with per_file each
     file is one document (its blank lines then only end paragraphs), as for a folder of articles
-    or manual pages."""
+    or manual pages. Text files are split into sentences, or with per_line each line is one
+    (the built-in corpora are always split here)."""
     if str(source) == "wiki":
         _wiki_path()
         return wiki_documents()
     if str(source) in DOC_SOURCES:
         return rest_documents(_doc_files(str(source)))
-    if "+" in str(source) and not Path(source).exists():
-        first, *added = (iter_documents(part, per_file) for part in str(source).split("+"))
+    if _is_joined(source):
+        first, *added = (iter_documents(part, per_file, per_line) for part in str(source).split("+"))
         return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))
     # Checked here, not lazily, so a bad path fails at the call rather than the first batch.
-    return _files_documents(_corpus_files(Path(source)), per_file)
+    return _files_documents(_corpus_files(Path(source)), per_file, per_line)
+
+
+def _is_joined(source: str | Path) -> bool:
+    return "+" in str(source) and not Path(source).exists()
+
+
+def built_in_only(source: str | Path) -> bool:
+    """Whether every part of `source` is a built-in corpus (no text file of the user's)."""
+    parts = str(source).split("+") if _is_joined(source) else [str(source)]
+    return all(p == "wiki" or p in DOC_SOURCES for p in parts)
 
 
 def _corpus_files(path: Path) -> list[Path]:

@@ -36,6 +36,7 @@ from ..training.distributed import TRAINING_PRECISIONS, Processes, init_processe
 from ..training.log import MetricsLog, plot_losses, write_json
 from ..training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
 from .batches import Position, PretrainingBatches
+from .corpus import built_in_only
 from .masking import MaskingConfig
 from .shards import TokenStore, tokenize_corpus
 
@@ -60,6 +61,7 @@ class PretrainConfig:
     corpus: str = "wiki"             # a .txt file, a folder of .txt files, "wiki" (built-in sample), "python-docs",
                                      # "linux-docs"; "A+B": B is training-only text, held-out documents come from A
     doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
+    sentence_per_line: bool = False  # each line of the text files is one sentence, not split again
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
     out: str | None = None           # default: runs/pretrain-<time>
     recipe: str = "fast"             # fills every option left at None below (see RECIPES)
@@ -101,9 +103,9 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("corpus", "doc_per_file", "batch_size", "grad_accum", "max_len", "short_len", "short_share", "lr",
-             "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions", "whole_word", "short_seq_prob",
-             "nsp_weight", "seed", "holdout_every", "eval_pairs", "precision")
+    EXACT = ("corpus", "doc_per_file", "sentence_per_line", "batch_size", "grad_accum", "max_len", "short_len",
+             "short_share", "lr", "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions",
+             "whole_word", "short_seq_prob", "nsp_weight", "seed", "holdout_every", "eval_pairs", "precision")
 
     @classmethod
     def from_toml(cls, path: str | Path, **overrides) -> "PretrainConfig":
@@ -133,6 +135,9 @@ class PretrainConfig:
             raise BertkitError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.model not in PRESETS and not Path(self.model).is_dir():
             raise BertkitError(f"model {self.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
+        if self.sentence_per_line and built_in_only(self.corpus):
+            raise BertkitError(f"--sentence-per-line is for text files; corpus {self.corpus!r} is built in and "
+                               "split into sentences by bertkit")
         recipe = RECIPES[self.recipe]
         if self.steps is not None and self.budget is not None:
             raise BertkitError("give --steps or --budget, not both")
@@ -213,7 +218,7 @@ class _Documents:
 
     def _read(self):
         from .corpus import iter_documents
-        return iter_documents(self.cfg.corpus, per_file=self.cfg.doc_per_file)
+        return iter_documents(self.cfg.corpus, per_file=self.cfg.doc_per_file, per_line=self.cfg.sentence_per_line)
 
     def __iter__(self):
         if self.whole:
@@ -256,7 +261,8 @@ def _prepare_tokenizer(cfg: PretrainConfig, data: Path, documents: _Documents, l
 
 # the options that shape OUT/data (vocabulary and shards), recorded in it with the corpus files'
 # sizes and times: prepared data is reused only for the same options and text
-DATA_OPTIONS = ("corpus", "doc_per_file", "holdout_every", "model", "vocab", "vocab_size", "shard_tokens")
+DATA_OPTIONS = ("corpus", "doc_per_file", "sentence_per_line", "holdout_every", "model", "vocab", "vocab_size",
+                "shard_tokens")
 
 
 def _data_record(cfg: PretrainConfig) -> dict:
