@@ -137,21 +137,10 @@ def test_export_onnx_file_is_the_encoder_alone(tmp_path, tiny_bert, capsys):
     """`export --onnx FILE` (the design's form) writes one .onnx graph that plain ONNX Runtime
     runs within 1e-4 of PyTorch; an existing file is kept unless --overwrite; --out and --onnx
     are one or the other."""
-    import onnxruntime as ort
-    from bertkit.checkpoint import load_model, load_tokenizer
     path = tmp_path / "sub" / "encoder.onnx"
     assert main(["export", "--model", str(tiny_bert), "--onnx", str(path), "--int8"]) == 0
     assert sorted(p.name for p in path.parent.iterdir()) == ["encoder.int8.onnx", "encoder.onnx"]
-    batch = load_tokenizer(tiny_bert).encode(SENTENCES, SENTENCES[::-1])
-    bert, _ = load_model(tiny_bert, heads=False, quiet=True)
-    with torch.inference_mode():
-        ref = bert.eval()(**batch.model_inputs("cpu"))
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    feeds = {k: getattr(batch, k).numpy() for k in ("input_ids", "token_type_ids", "attention_mask")}
-    sequence, pooled = session.run(["sequence_output", "pooled_output"], feeds)
-    keep = batch.attention_mask.bool().numpy()
-    np.testing.assert_allclose(sequence[keep], ref.sequence_output.numpy()[keep], atol=1e-4)
-    np.testing.assert_allclose(pooled, ref.pooled_output.numpy(), atol=1e-4)
+    _assert_onnx_file_equals_pytorch(path, tiny_bert, SENTENCES, SENTENCES[::-1])
 
     before = path.stat().st_mtime_ns
     capsys.readouterr()
@@ -168,16 +157,21 @@ def test_export_runs_the_plain_linear_where_fp32_inference_takes_onednn(tmp_path
     """On a CPU where bertkit's fp32 inference runs oneDNN's linear kernel (model.ONEDNN_LINEAR),
     the exported graph still holds plain ONNX operators that ONNX Runtime runs within 1e-4."""
     import onnx
-    import onnxruntime as ort
     from bertkit import model
-    from bertkit.checkpoint import load_model, load_tokenizer
     monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
     path = tmp_path / "encoder.onnx"
     with torch.no_grad():  # as a caller of the Python API may export
         assert main(["export", "--model", str(tiny_bert), "--onnx", str(path)]) == 0
     assert {node.domain for node in onnx.load(str(path)).graph.node} <= {"", "ai.onnx"}
-    batch = load_tokenizer(tiny_bert).encode(SENTENCES)
-    bert, _ = load_model(tiny_bert, heads=False, quiet=True)
+    _assert_onnx_file_equals_pytorch(path, tiny_bert, SENTENCES)
+
+
+def _assert_onnx_file_equals_pytorch(path, folder, texts, pairs=None):
+    """The ONNX file's outputs on ONNX Runtime within 1e-4 of the folder's model in PyTorch."""
+    import onnxruntime as ort
+    from bertkit.checkpoint import load_model, load_tokenizer
+    batch = load_tokenizer(folder).encode(texts, pairs)
+    bert, _ = load_model(folder, heads=False, quiet=True)
     with torch.inference_mode():
         ref = bert.eval()(**batch.model_inputs("cpu"))
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
