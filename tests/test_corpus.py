@@ -144,6 +144,9 @@ def test_sentence_per_line_takes_each_line_as_one_sentence(tmp_path, wiki_excerp
     for built_in in ("wiki", "wiki+python-docs"):  # nothing to read per line: refused, not ignored
         with pytest.raises(BertkitError, match="--sentence-per-line is for text files"):
             PretrainConfig(corpus=built_in, out=str(tmp_path / "o"), sentence_per_line=True)
+    from bertkit.cli import main
+    assert main(["tokenizer", "train", "--corpus", "wiki", "--sentence-per-line", "--out", str(tmp_path / "v")]) == 2
+    assert not (tmp_path / "v").exists()
 
 
 @settings(max_examples=300, deadline=None)
