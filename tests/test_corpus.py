@@ -149,6 +149,49 @@ def test_sentence_per_line_takes_each_line_as_one_sentence(tmp_path, wiki_excerp
     assert not (tmp_path / "v").exists()
 
 
+def test_worker_processes_split_as_this_process_does(tmp_path, wiki_excerpt, monkeypatch):
+    """Past PARALLEL_CHARS a corpus is split in worker processes: the same documents in the same
+    order as splitting here, for text files (paragraphs of several sentences), reST and wiki
+    articles; batches far smaller than the text, so results cross many batches and workers."""
+    import bz2
+    from itertools import islice
+
+    from gensim.corpora.wikicorpus import extract_pages
+
+    from bertkit.pretraining import corpus, split_workers
+    paragraphs = [" ".join(doc[:12]) + "\n" + " ".join(doc[12:30]) for doc in
+                  (d.split("\n") for d in wiki_excerpt.read_text().strip().split("\n\n"))]
+    text_file = write(tmp_path / "c.txt", "\n\n".join(paragraphs) + "\n")
+    rest = [write(tmp_path / f"r{i}.rst", f"Title {i}\n=======\n\n{p}\n\n* a list item here.\n")
+            for i, p in enumerate(paragraphs)]
+    with bz2.open(corpus._wiki_path()) as f:
+        raws = [raw for _t, raw, _p in islice(extract_pages(f, filter_namespaces=("0",)), 8) if raw.strip()]
+
+    def documents():
+        return (list(iter_documents(text_file)), list(iter_documents(text_file, per_file=True)),
+                list(corpus.rest_documents(rest)), list(split_workers.map_texts("wiki", raws)))
+    monkeypatch.setattr(split_workers, "worker_count", lambda: 1)
+    here = documents()
+    started = []
+    real_popen = split_workers.subprocess.Popen
+    monkeypatch.setattr(split_workers.subprocess, "Popen", lambda *a, **k: started.append(real_popen(*a, **k)) or started[-1])
+    monkeypatch.setattr(split_workers, "worker_count", lambda: 3)
+    monkeypatch.setattr(split_workers, "PARALLEL_CHARS", 1000)
+    monkeypatch.setattr(split_workers, "BATCH_CHARS", 3000)
+    assert documents() == here
+    assert len(started) == 4 * 3 and all(p.returncode == 0 for p in started)
+    assert len(here[0]) == len(paragraphs) and len(here[3]) >= 5 and all(here)
+
+    # a reader that stops early leaves no worker behind; a worker that fails is named
+    started.clear()
+    docs = iter_documents(text_file)
+    next(docs), next(docs)  # the first in this process (past PARALLEL_CHARS), the second from a worker
+    docs.close()
+    assert len(started) == 3 and all(p.poll() is not None for p in started)
+    with pytest.raises(BertkitError, match="a sentence-splitting worker stopped"):
+        list(split_workers.map_texts("sentences", ["x" * 2000, b"not text: the worker fails on it"]))
+
+
 @settings(max_examples=300, deadline=None)
 @given(blob=st.one_of(
     st.binary(max_size=3000),

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..errors import BertkitError
 from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, open_binary, read_bytes
+from .split_workers import map_texts
 
 Document = list[str]
 
@@ -143,32 +144,27 @@ def _file_lines(path: Path) -> Iterator[str]:
             lineno += 1
 
 
-def _sentences(text: str, per_line: bool) -> list[str]:
-    """split_sentences(text); with per_line each non-blank line is one sentence already (the input
-    format of Google's create_pretraining_data.py), kept as it is but for surrounding spaces."""
-    return [s for s in map(str.strip, text.splitlines()) if s] if per_line else split_sentences(text)
+def _lines(text: str) -> list[str]:
+    """Each non-blank line one sentence already (the input format of Google's
+    create_pretraining_data.py), kept as it is but for surrounding spaces."""
+    return [s for s in map(str.strip, text.splitlines()) if s]
 
 
-def _file_documents(path: Path, per_line: bool = False) -> Iterator[Document]:
+def _document_texts(path: Path) -> Iterator[str]:
     lines: list[str] = []
     for line in itertools.chain(_file_lines(path), [""]):  # the sentinel flushes the last document
         if line.strip():
             lines.append(line)
         elif lines:
-            sentences = _sentences("\n".join(lines), per_line)
+            yield "\n".join(lines)
             lines = []
-            if sentences:
-                yield sentences
 
 
 def _files_documents(files: Iterable[Path], per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
-    for path in files:  # one file in memory at a time
-        if per_file:
-            sentences = _sentences(_read(path), per_line)
-            if sentences:
-                yield sentences
-        else:
-            yield from _file_documents(path, per_line)
+    # read a file at a time; with per_file a file is one text
+    texts = (_read(p) for p in files) if per_file else (t for p in files for t in _document_texts(p))
+    documents = map(_lines, texts) if per_line else map_texts("sentences", texts)
+    return (sentences for sentences in documents if sentences)
 
 
 def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | None:
@@ -216,18 +212,21 @@ def _doc_files(name: str) -> list[Path]:
 
 def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
     """One document per reST file (plain or .gz): its prose, in sentences."""
+    def texts():
+        for path in files:
+            if path.suffix == ".gz":
+                try:
+                    yield gzip.decompress(read_bytes(path)).decode("utf-8")
+                except (OSError, EOFError, UnicodeDecodeError) as e:
+                    raise BertkitError(f"{path}: not gzip-compressed UTF-8 text ({e})") from None
+            else:
+                yield _read(path)
+    return (sentences for sentences in map_texts("rest", texts()) if len(sentences) >= 2)
+
+
+def _rest_sentences(text: str) -> list[str]:
     from .rest import rest_paragraphs
-    for path in files:
-        if path.suffix == ".gz":
-            try:
-                text = gzip.decompress(read_bytes(path)).decode("utf-8")
-            except (OSError, EOFError, UnicodeDecodeError) as e:
-                raise BertkitError(f"{path}: not gzip-compressed UTF-8 text ({e})") from None
-        else:
-            text = _read(path)
-        sentences = split_sentences("\n".join(rest_paragraphs(text)))
-        if len(sentences) >= 2:
-            yield sentences
+    return split_sentences("\n".join(rest_paragraphs(text)))
 
 
 def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
@@ -341,14 +340,22 @@ def _wiki_path() -> Path:
 
 def wiki_documents() -> Iterator[Document]:
     """The English Wikipedia sample shipped with gensim: one document per article."""
-    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
-    with bz2.open(_wiki_path()) as f:
-        # Namespace "0" is articles: drops Wikipedia:, Template:, Category:, File: pages.
-        for _title, raw, _pageid in extract_pages(f, filter_namespaces=("0",)):
-            if not raw.strip() or raw.lstrip().upper().startswith("#REDIRECT"):
-                continue
-            sentences = split_sentences("\n".join(_clean_article(filter_wiki(raw))))
-            # Lone quotes, brackets and years split off by pysbd carry nothing to learn.
-            sentences = [s for s in sentences if any(c.isalpha() for c in s)]
-            if sentences:
-                yield sentences
+    def articles():
+        from gensim.corpora.wikicorpus import extract_pages
+        with bz2.open(_wiki_path()) as f:
+            # Namespace "0" is articles: drops Wikipedia:, Template:, Category:, File: pages.
+            for _title, raw, _pageid in extract_pages(f, filter_namespaces=("0",)):
+                if raw.strip() and not raw.lstrip().upper().startswith("#REDIRECT"):
+                    yield raw
+    return (sentences for sentences in map_texts("wiki", articles()) if sentences)
+
+
+def _wiki_sentences(raw: str) -> list[str]:
+    from gensim.corpora.wikicorpus import filter_wiki
+    sentences = split_sentences("\n".join(_clean_article(filter_wiki(raw))))
+    # Lone quotes, brackets and years split off by pysbd carry nothing to learn.
+    return [s for s in sentences if any(c.isalpha() for c in s)]
+
+
+# what split_workers.map_texts runs, by name (in this process or in its workers)
+SPLITTERS = {"sentences": split_sentences, "wiki": _wiki_sentences, "rest": _rest_sentences}
