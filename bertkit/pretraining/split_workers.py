@@ -94,12 +94,15 @@ def _in_workers(name: str, texts: Iterator[str], workers: int, batch_chars: int)
                               stdout=subprocess.PIPE, env=env) for _ in range(workers)]
     pending: deque[subprocess.Popen] = deque()  # the workers holding a batch, oldest batch first
 
+    def stopped(proc) -> BertkitError:
+        return BertkitError(f"a sentence-splitting worker stopped (exit code {proc.wait()}); "
+                            "its error is printed above")
+
     def collect(proc):
         try:
             return _recv(proc.stdout)
         except (EOFError, pickle.UnpicklingError):
-            raise BertkitError(f"a sentence-splitting worker stopped (exit code {proc.wait()}); "
-                               "its error is printed above") from None
+            raise stopped(proc) from None
 
     try:
         for i, batch in enumerate(_batches(texts, batch_chars)):
@@ -109,8 +112,7 @@ def _in_workers(name: str, texts: Iterator[str], workers: int, batch_chars: int)
             try:
                 _send(proc.stdin, batch)
             except BrokenPipeError:
-                raise BertkitError(f"a sentence-splitting worker stopped (exit code {proc.wait()}); "
-                                   "its error is printed above") from None
+                raise stopped(proc) from None
             pending.append(proc)
         while pending:
             yield from collect(pending.popleft())
@@ -129,8 +131,9 @@ def _in_workers(name: str, texts: Iterator[str], workers: int, batch_chars: int)
 def _serve(name: str) -> None:
     # Ctrl-C reaches the whole process group: the reader stops the workers, without a traceback each
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    fn = _functions()[name]
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # the pipe carries results only: anything printed goes to stderr
+    fn = _functions()[name]
     while True:
         try:
             batch = _recv(stdin)
