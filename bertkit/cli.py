@@ -19,11 +19,11 @@ def cmd_tokenizer_train(args) -> None:
     # a non-empty --out (a model folder's config.json, an earlier tokenizer_config.json) is never
     # written into without --overwrite; an unwritable one fails before the corpus is read
     out = check_output_folder(args.out, args.overwrite)
-    from .pretraining.corpus import built_in_only, iter_documents
+    from .pretraining.corpus import check_sentence_per_line, iter_documents
 
     # read fully first: a bad file fails before anything is written
-    if args.sentence_per_line and built_in_only(args.corpus):
-        raise BertkitError(f"--sentence-per-line is for text files; corpus {args.corpus!r} is built in")
+    if args.sentence_per_line:
+        check_sentence_per_line(args.corpus)
     texts = [s for doc in iter_documents(args.corpus, per_line=args.sentence_per_line) for s in doc]
     if not texts:
         raise BertkitError(f"{args.corpus}: the corpus holds no text")

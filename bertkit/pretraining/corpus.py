@@ -252,10 +252,13 @@ def _is_joined(source: str | Path) -> bool:
     return "+" in str(source) and not Path(source).exists()
 
 
-def built_in_only(source: str | Path) -> bool:
-    """Whether every part of `source` is a built-in corpus (no text file of the user's)."""
+def check_sentence_per_line(source: str | Path) -> None:
+    """--sentence-per-line reads the user's text files: refused, not ignored, for a corpus that is
+    built in only (those are always split by bertkit)."""
     parts = str(source).split("+") if _is_joined(source) else [str(source)]
-    return all(p == "wiki" or p in DOC_SOURCES for p in parts)
+    if all(p == "wiki" or p in DOC_SOURCES for p in parts):
+        raise BertkitError(f"--sentence-per-line is for text files; corpus {str(source)!r} is built in and "
+                           "split into sentences by bertkit")
 
 
 def _corpus_files(path: Path) -> list[Path]:

@@ -60,15 +60,11 @@ def map_texts(name: str, texts: Iterable[str], workers: int | None = None) -> It
     one batch of about BATCH_CHARS characters at a time."""
     fn = _functions()[name]
     workers = worker_count() if workers is None else workers
-    texts = iter(texts)
-    if workers <= 1:
-        yield from map(fn, texts)
-        return
-    chars = 0
+    texts, chars = iter(texts), 0
     for text in texts:  # the first PARALLEL_CHARS here, as they come (a small corpus streams as read)
         yield fn(text)
         chars += len(text)
-        if chars >= PARALLEL_CHARS:
+        if workers > 1 and chars >= PARALLEL_CHARS:
             break
     else:
         return

@@ -36,7 +36,7 @@ from ..training.distributed import TRAINING_PRECISIONS, Processes, init_processe
 from ..training.log import MetricsLog, plot_losses, write_json
 from ..training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
 from .batches import Position, PretrainingBatches
-from .corpus import built_in_only
+from .corpus import check_sentence_per_line
 from .masking import MaskingConfig
 from .shards import TokenStore, tokenize_corpus
 
@@ -135,9 +135,8 @@ class PretrainConfig:
             raise BertkitError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.model not in PRESETS and not Path(self.model).is_dir():
             raise BertkitError(f"model {self.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
-        if self.sentence_per_line and built_in_only(self.corpus):
-            raise BertkitError(f"--sentence-per-line is for text files; corpus {self.corpus!r} is built in and "
-                               "split into sentences by bertkit")
+        if self.sentence_per_line:
+            check_sentence_per_line(self.corpus)
         recipe = RECIPES[self.recipe]
         if self.steps is not None and self.budget is not None:
             raise BertkitError("give --steps or --budget, not both")
