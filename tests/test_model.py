@@ -434,6 +434,50 @@ def test_onednn_linear_equals_f_linear_and_runs_for_fp32_inference_only(monkeypa
 
 
 @onednn
+def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_weight_is_unchanged(monkeypatch):
+    import copy
+    import pickle
+
+    import torch.nn.functional as F
+
+    from bertkit import model
+    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    torch.manual_seed(0)
+    lin = model.Linear(16, 24)
+    x = torch.randn(3, 7, 16)
+    with torch.inference_mode():
+        for gelu in (False, True):
+            plain = F.linear(x, lin.weight, lin.bias)
+            plain = F.gelu(plain) if gelu else plain
+            for run in (lambda: lin(x, gelu=gelu), lambda: model.linear(x, lin.weight, lin.bias, gelu=gelu)):
+                y, ops = _aten_ops(run)
+                assert "mkldnn._linear_pointwise" in ops and "aten.gelu" not in ops
+                torch.testing.assert_close(y, plain, rtol=1e-5, atol=1e-5)
+        assert "_blocked" in lin.__dict__
+        # a weight changed in place (an optimizer step, load_state_dict) or replaced is read afresh
+        with torch.no_grad():
+            lin.weight.mul_(-2)
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+    lin.weight = torch.nn.Parameter(torch.randn(24, 16))
+    with torch.inference_mode():
+        torch.testing.assert_close(lin(x), F.linear(x, lin.weight, lin.bias), rtol=1e-5, atol=1e-5)
+        made_here = model.Linear(16, 24)  # inference tensors: no version counter, so nothing kept
+        torch.testing.assert_close(made_here(x), F.linear(x, made_here.weight, made_here.bias), rtol=1e-5, atol=1e-5)
+        assert "_blocked" not in made_here.__dict__
+    # the blocked copy is never pickled or deep-copied (it has no storage), and training drops it
+    for clone in (copy.deepcopy(lin), pickle.loads(pickle.dumps(lin))):
+        assert "_blocked" not in clone.__dict__
+        torch.testing.assert_close(clone.weight, lin.weight)
+    lin.train()
+    assert "_blocked" not in lin.__dict__
+    # off the oneDNN path (training: autograd) the GELU is torch's, after F.linear
+    y = lin(x.requires_grad_(), gelu=True)
+    torch.testing.assert_close(y, F.gelu(F.linear(x, lin.weight, lin.bias)))
+    y.sum().backward()
+    assert lin.weight.grad is not None
+
+
+@onednn
 def test_minilm_encodes_the_same_vectors_through_onednn(monkeypatch, minilm_folder):
     # the real checkpoint on real sentences, the whole model with its linear layers either way
     from bertkit import model
@@ -446,4 +490,5 @@ def test_minilm_encodes_the_same_vectors_through_onednn(monkeypatch, minilm_fold
     monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
     fast, ops = _aten_ops(lambda: enc.encode(texts))
     assert "mkldnn._linear_pointwise" in ops and "aten.addmm" not in ops
+    assert "aten.gelu" not in ops  # fused into the feed-forward's first linear layer
     assert abs(fast - plain).max() < 1e-5
