@@ -11,7 +11,8 @@ dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks), wi
 layer at every position (as before its training path ran it at [CLS] and the predicted slots
 only: the same loss, a fifth fewer FLOPs on the tiny preset), and with glibc's
 default malloc settings (as before bertkit's training runtime kept freed memory for reuse,
-bertkit/training/memory.py). The peers run with glibc's defaults, as their users run them, and
+bertkit/training/memory.py); on an AMD CPU with AVX-512 also with its linear layers on torch's
+F.linear (MKL), as before they ran on oneDNN there. The peers run with glibc's defaults, as their users run them, and
 d2l once more with bertkit's malloc setting, which shows how much of the lead is the allocator.
 Switching to the defaults hands the free memory back to the kernel, so the first bertkit step
 after a peer's faults its memory in again (the page faults of each step are recorded): the
@@ -57,14 +58,17 @@ from bertkit.training.memory import keep_freed_memory
 from machine import cpu_name
 
 
-def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32) -> float:
-    """Best GFLOP/s of an n x n matmul in dtype on this machine, now."""
+def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32, kernel: str = "mm") -> float:
+    """Best GFLOP/s of an n x n matmul in dtype on this machine, now: torch's mm (MKL for fp32
+    on a CPU), or kernel="onednn", oneDNN's inner product, which bertkit's fp32 linear layers run
+    on AMD CPUs with AVX-512 (model.ONEDNN_LINEAR): MFU is taken against the faster of the two."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
+    run = (lambda: a @ b) if kernel == "mm" else (lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+    run()
     best = float("inf")
     for _ in range(repeats):
         t = time.perf_counter()
-        a @ b
+        run()
         best = min(best, time.perf_counter() - t)
     return 2 * n ** 3 / best / 1e9
 
@@ -131,6 +135,23 @@ def bertkit_step_full_last_layer(model, opt, batch):
         return bertkit_step(model, opt, batch)
 
 
+@contextlib.contextmanager
+def mkl_linear():
+    """bertkit's fp32 linear layers on torch's F.linear (MKL), as before they ran on oneDNN on
+    AMD CPUs with AVX-512 (model.ONEDNN_LINEAR; the comparison row for that path)."""
+    on = bertkit.model.ONEDNN_LINEAR
+    bertkit.model.ONEDNN_LINEAR = False
+    try:
+        yield
+    finally:
+        bertkit.model.ONEDNN_LINEAR = on
+
+
+def bertkit_step_mkl_linear(model, opt, batch):
+    with mkl_linear():
+        return bertkit_step(model, opt, batch)
+
+
 def hf_step(model, opt, batch, bf16=False):
     # HF takes MLM labels per position (-100 elsewhere) and projects every position
     labels = torch.full_like(batch["input_ids"], -100)
@@ -189,7 +210,8 @@ def d2l_step(model, opt, batch, bf16=False):
 
 
 def count_flops(step, model, opt, batch) -> int:
-    with FlopCounterMode(display=False) as counter:
+    # on F.linear: FlopCounterMode counts aten's matmuls, not oneDNN's kernel (the same FLOPs)
+    with mkl_linear(), FlopCounterMode(display=False) as counter:
         step(model, opt, batch)
     return counter.get_total_flops()
 
@@ -246,6 +268,10 @@ def main():
             "d2l BERTModel (textbook)": (d2l_step, textbook, False),
             "d2l BERTModel with bertkit's malloc setting": (d2l_step, textbook_kept, True),
             "transformers": (hf_step, theirs, False)}
+    if bertkit.model.ONEDNN_LINEAR:
+        ours_mkl = BertForPreTraining(cfg)
+        ours_mkl.load_state_dict(ours.state_dict())
+        runs["bertkit with F.linear, MKL (before)"] = (bertkit_step_mkl_linear, ours_mkl, True)
     if native_bf16():
         # bf16 autocast, as bertkit's training runs on a CPU with native bf16, and the peers given the same
         ours_bf16, ours_bf16_no_dropout = BertForPreTraining(cfg), BertForPreTraining(cfg)
@@ -285,7 +311,9 @@ def main():
             times[name].append(time.perf_counter() - t)
             faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
     keep_freed_memory(False)
-    peak = matmul_peak()
+    mm_peak = matmul_peak()
+    onednn_peak = matmul_peak(kernel="onednn") if bertkit.model.ONEDNN_LINEAR else None
+    peak = max(mm_peak, onednn_peak or 0.0)
     bf16_peak = matmul_peak(dtype=torch.bfloat16) if native_bf16() else None
 
     rows = {}
@@ -308,7 +336,8 @@ def main():
                           f"{tok.vocab_size}, MLM + NSP, AdamW, fp32 on CPU (bf16 autocast where a row says so)",
               "threads": torch.get_num_threads(), "torch": torch.__version__, "machine": platform.machine(),
               "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"),
-              "matmul_peak_gflop_s": peak, "bf16_matmul_peak_gflop_s": bf16_peak, "steps": args.steps, "results": rows,
+              "matmul_peak_gflop_s": peak, "mm_peak_gflop_s": mm_peak, "onednn_peak_gflop_s": onednn_peak,
+              "bf16_matmul_peak_gflop_s": bf16_peak, "steps": args.steps, "results": rows,
               "speedup_vs_transformers": speed("bertkit", "transformers"),
               "speedup_vs_d2l": speed("bertkit", "d2l BERTModel (textbook)"),
               "speedup_vs_d2l_with_recipe_dropout": speed("bertkit, dropout 0 (its recipe)", "d2l BERTModel (textbook)"),

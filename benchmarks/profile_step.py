@@ -25,7 +25,7 @@ from bertkit.pretraining.shards import tokenize_corpus
 from bertkit.training.memory import keep_freed_memory
 
 # aten operators grouped by what they do in a BERT step
-GROUPS = [("matmul (linear layers, vocabulary projection)", ("aten::mm", "aten::addmm", "aten::bmm")),
+GROUPS = [("matmul (linear layers, vocabulary projection)", ("aten::mm", "aten::addmm", "aten::bmm", "mkldnn::_linear_pointwise")),
           ("attention kernel (SDPA)", ("scaled_dot_product",)),
           ("softmax (spelled-out attention; the MLM loss's, which is its gradient)", ("aten::_softmax",)),
           ("MLM loss: max, log and the rest", ("aten::exp", "aten::sub", "aten::max", "aten::amax", "aten::log",

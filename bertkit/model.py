@@ -102,9 +102,11 @@ class Dropout(nn.Dropout):
 # ---- linear layers -------------------------------------------------------------------------
 # torch's fp32 matmuls on a CPU are MKL's, which takes slower code paths on AMD CPUs: on a Zen 4
 # (2 cores, AVX-512) oneDNN's fp32 inner product ran MiniLM's linear shapes 1.05-1.4x faster than
-# F.linear, and a whole MiniLM encode 1.15x faster (benchmarks/onednn_linear.py). So fp32 inference
-# there goes through oneDNN; training (autograd), autocast, tracing and export keep F.linear.
-# Results equal F.linear's to fp32 rounding (tests/test_model.py).
+# F.linear, and a whole MiniLM encode 1.15x faster (benchmarks/onednn_linear.py). So fp32 linear
+# layers there go through oneDNN: inference directly, training through OneDNNLinear (its input
+# gradient on oneDNN too, the weight gradient on torch's mm, which was faster for those shapes).
+# Autocast, tracing, export and compiling keep F.linear. Results equal F.linear's to fp32
+# rounding (tests/test_model.py).
 
 def _onednn_linear_pays() -> bool:
     """An AMD CPU with AVX-512 (Zen 4 and later), where oneDNN was measured faster; not measured
@@ -122,18 +124,48 @@ ONEDNN_LINEAR = _onednn_linear_pays()
 
 
 def _onednn_path(x, weight) -> bool:
-    """Whether this call is fp32 inference on a CPU where oneDNN's kernel pays (ONEDNN_LINEAR)."""
+    """Whether this call is fp32 on a CPU where oneDNN's kernel pays (ONEDNN_LINEAR)."""
     return (ONEDNN_LINEAR and x.dtype == weight.dtype == torch.float32 and x.device.type == "cpu"
-            and not torch.is_grad_enabled() and not torch.is_autocast_enabled("cpu")
-            and not torch.jit.is_tracing() and not torch.compiler.is_compiling())
+            and not torch.is_autocast_enabled("cpu") and not torch.jit.is_tracing()
+            and not torch.compiler.is_compiling())
+
+
+class OneDNNLinear(torch.autograd.Function):
+    """F.linear for training on oneDNN: y = x W^T + b, and dx = g W through oneDNN's kernel (1.1x
+    the tiny pretraining step in fp32 on a Zen 4); dW = g^T x by torch's mm, faster there for
+    the weight gradient's long reductions (8192 x 512 @ 512 x 128: 97 against 57 GFLOP/s)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        g = grad.reshape(-1, grad.size(-1))                                            # (N, out)
+        dx = dw = db = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.ops.mkldnn._linear_pointwise(grad, weight.t(), None, "none", [], "")  # (..., in)
+        if ctx.needs_input_grad[1]:
+            dw = g.t() @ x.reshape(-1, x.size(-1))                                     # (out, in)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            db = g.sum(0)                                                              # (out,)
+        return dx, dw, db
 
 
 def linear(x, weight, bias=None, gelu: bool = False):
-    """F.linear, then the erf GELU when gelu; fp32 inference on a CPU where it pays (ONEDNN_LINEAR)
-    runs oneDNN's kernel, the GELU fused into it as a post-op (one pass over the output less)."""
+    """F.linear, then the erf GELU when gelu. In fp32 on a CPU where it pays (ONEDNN_LINEAR) it
+    runs oneDNN's kernel: in inference with the GELU fused into it as a post-op (one pass over
+    the output less), in training as OneDNNLinear."""
     if _onednn_path(x, weight):
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, *_POST_OP[gelu])
-    y = F.linear(x, weight, bias)
+        if not torch.is_grad_enabled():
+            return torch.ops.mkldnn._linear_pointwise(x, weight, bias, *_POST_OP[gelu])
+        y = OneDNNLinear.apply(x, weight, bias)
+    else:
+        y = F.linear(x, weight, bias)
     return F.gelu(y) if gelu else y
 
 
@@ -141,14 +173,14 @@ _POST_OP = {False: ("none", [], ""), True: ("gelu", [], "none")}  # attr, scalar
 
 
 class Linear(nn.Linear):
-    """nn.Linear (the same parameters and names) through linear(). On the oneDNN path the weight
-    is used in oneDNN's blocked layout, reordered once and kept until the weight changes (its
+    """nn.Linear (the same parameters and names) through linear(). In inference on the oneDNN
+    path the weight is used in oneDNN's blocked layout, reordered once and kept until the weight changes (its
     version or storage) or the module is put in training mode: the plain layout is reordered
     on every call otherwise (MiniLM encode: 5% of its time). The copy costs the weight's memory
     again, and is never saved, pickled or deep-copied."""
 
     def forward(self, x, gelu: bool = False):
-        if _onednn_path(x, self.weight):
+        if not torch.is_grad_enabled() and _onednn_path(x, self.weight):
             return torch.ops.mkldnn._linear_pointwise(x, self._blocked_weight(x), self.bias, *_POST_OP[gelu])
         return linear(x, self.weight, self.bias, gelu)
 
@@ -375,7 +407,10 @@ class LinearCrossEntropy(torch.autograd.Function):
             for i in range(0, h.size(0), chunk):
                 hc, yc = h[i:i + chunk], labels[i:i + chunk]
                 rows = torch.arange(yc.size(0), device=h.device)               # the chunk's real rows
-                logits = torch.mm(hc, w.t()).add_(b)                         # (n, V); addmm's bias copy costs more
+                if _onednn_path(hc, w):  # 512 x 128 @ 128 x 8192 on a Zen 4: 148 against mm's 86 GFLOP/s
+                    logits = linear(hc, w, b)                                # (n, V)
+                else:
+                    logits = torch.mm(hc, w.t()).add_(b)                     # (n, V); addmm's bias copy costs more
                 target = logits[rows, yc]                                    # the label's logit
                 hit[i:i + chunk] = target >= logits.amax(-1)[:yc.size(0)]
                 grad = logits.softmax(-1)                                    # (n, V)

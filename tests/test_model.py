@@ -398,7 +398,7 @@ onednn = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and hasatt
 
 
 @onednn
-def test_onednn_linear_equals_f_linear_and_runs_for_fp32_inference_only(monkeypatch):
+def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp32_only(monkeypatch):
     import torch.nn.functional as F
 
     from bertkit import model
@@ -415,10 +415,26 @@ def test_onednn_linear_equals_f_linear_and_runs_for_fp32_inference_only(monkeypa
                 assert "mkldnn._linear_pointwise" in ops
                 assert y.shape == F.linear(x, w, bias).shape
                 torch.testing.assert_close(y, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
+    # training: OneDNNLinear, the output and every gradient as F.linear's autograd gives them
+    for x in inputs:
+        for bias in (b, None):
+            for needs in ((True, True, True), (False, True, True), (True, False, False)):
+                leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((x, w, bias if bias is not None else b), needs)]
+                ref_leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((x, w, bias if bias is not None else b), needs)]
+                up = torch.randn(*x.shape[:-1], 24, generator=g)
+                y, ops = _aten_ops(lambda: model.linear(leaves[0], leaves[1], leaves[2] if bias is not None else None))
+                assert "mkldnn._linear_pointwise" in ops
+                ref = F.linear(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias is not None else None)
+                torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
+                if not any(needs[:2]) and bias is None:
+                    continue
+                (y * up).sum().backward()
+                (ref * up).sum().backward()
+                for t, r in zip(leaves, ref_leaves):
+                    assert (t.grad is None) == (r.grad is None)
+                    if r.grad is not None:
+                        torch.testing.assert_close(t.grad, r.grad, rtol=1e-5, atol=1e-5)
     x = inputs[1]
-    _, ops = _aten_ops(lambda: model.linear(x, w.requires_grad_(), b))  # training: autograd needs F.linear
-    assert "mkldnn._linear_pointwise" not in ops
-    w.requires_grad_(False)
 
     def under_autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -428,9 +444,38 @@ def test_onednn_linear_equals_f_linear_and_runs_for_fp32_inference_only(monkeypa
             _, ops = _aten_ops(run)
             assert "mkldnn._linear_pointwise" not in ops
     monkeypatch.setattr(model, "ONEDNN_LINEAR", False)
-    with torch.no_grad():
-        _, ops = _aten_ops(lambda: model.linear(x, w, b))
-    assert "mkldnn._linear_pointwise" not in ops
+    for grad in (False, True):
+        with torch.set_grad_enabled(grad):
+            _, ops = _aten_ops(lambda: model.linear(x, w, b))
+        assert "mkldnn._linear_pointwise" not in ops
+
+
+@onednn
+def test_a_pretraining_step_on_onednn_gives_f_linears_loss_and_gradients(monkeypatch):
+    # the whole model's autograd through OneDNNLinear and the MLM loss's logits on oneDNN
+    from bertkit import model
+    cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    net = model.BertForPreTraining(cfg)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(5, 300, (4, 24), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 20:] = 0
+    positions = torch.tensor([[1, 3, 5], [2, 4, 6], [7, 8, 9], [10, 11, 12]])
+    labels = torch.randint(5, 300, (4, 3), generator=g)
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(model, "ONEDNN_LINEAR", on)
+        net.zero_grad(set_to_none=True)
+        out, ops = _aten_ops(lambda: net(ids, torch.zeros_like(ids), mask, mlm_positions=positions, mlm_labels=labels,
+                                         nsp_labels=torch.tensor([0, 1, 0, 1])))
+        out.loss.backward()
+        assert ("mkldnn._linear_pointwise" in ops) == on
+        results[on] = out.loss.item(), {n: p.grad.clone() for n, p in net.named_parameters()}
+    (plain_loss, plain), (fast_loss, fast) = results[False], results[True]
+    assert fast_loss == pytest.approx(plain_loss, rel=1e-6)
+    for name, grad in plain.items():
+        torch.testing.assert_close(fast[name], grad, rtol=1e-4, atol=1e-6 + 1e-5 * grad.abs().max().item(), msg=name)
 
 
 @onednn
