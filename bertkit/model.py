@@ -174,10 +174,10 @@ _POST_OP = {False: ("none", [], ""), True: ("gelu", [], "none")}  # attr, scalar
 
 class Linear(nn.Linear):
     """nn.Linear (the same parameters and names) through linear(). In inference on the oneDNN
-    path the weight is used in oneDNN's blocked layout, reordered once and kept until the weight changes (its
-    version or storage) or the module is put in training mode: the plain layout is reordered
-    on every call otherwise (MiniLM encode: 5% of its time). The copy costs the weight's memory
-    again, and is never saved, pickled or deep-copied."""
+    path the weight is used in oneDNN's blocked layout, reordered once and kept until the weight
+    changes (its version or storage) or the module is put in training mode: the plain layout is
+    reordered on every call otherwise (MiniLM encode: about 5% of its time). The copy costs the
+    weight's memory again, and is never saved, pickled or deep-copied."""
 
     def forward(self, x, gelu: bool = False):
         if not torch.is_grad_enabled() and _onednn_path(x, self.weight):

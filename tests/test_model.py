@@ -419,8 +419,8 @@ def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp3
     for x in inputs:
         for bias in (b, None):
             for needs in ((True, True, True), (False, True, True), (True, False, False)):
-                leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((x, w, bias if bias is not None else b), needs)]
-                ref_leaves = [t.detach().clone().requires_grad_(r) for t, r in zip((x, w, bias if bias is not None else b), needs)]
+                leaves, ref_leaves = ([t.detach().clone().requires_grad_(r) for t, r in zip((x, w, b), needs)]
+                                      for _ in range(2))
                 up = torch.randn(*x.shape[:-1], 24, generator=g)
                 y, ops = _aten_ops(lambda: model.linear(leaves[0], leaves[1], leaves[2] if bias is not None else None))
                 assert "mkldnn._linear_pointwise" in ops
