@@ -579,3 +579,64 @@ def test_attention_requests_are_never_joined(pretrained):
     together, alone = asyncio.run(go())
     assert calls == [1] * 8
     assert [r.json() for r in together] == [r.json() for r in alone]
+
+
+def test_a_body_of_many_bad_items_gets_one_short_422(tiny_bert):
+    """500,000 wrong items in one 1 MB body held the event loop 10 s (an error built, encoded and
+    rendered for each) and came back as 50 MB; a list now stops at its first bad item, and a 422
+    lists its first 10 errors without the input each echoed."""
+    with client(tiny_bert) as c:
+        for url, field in (("/encode", "texts"), ("/v1/embeddings", "input"), ("/predict", "inputs")):
+            body = b'{"' + field.encode() + b'":[' + b"1," * 400_000 + b"1]}"
+            r = c.post(url, content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and len(r.content) < 5_000, (url, len(r.content))
+        r = c.post("/encode", json={"texts": ["a"], **{f"x{i}": "y" * 1000 for i in range(25)}})
+        answer = r.json()
+        assert r.status_code == 422 and answer["error"] == "x0: Extra inputs are not permitted"
+        assert len(answer["detail"]) == 10 and answer["more_errors"] == 15 and "y" * 1000 not in r.text
+        assert {"type", "loc", "msg"} == set(answer["detail"][0])
+        r = c.post("/encode", content=b'{"texts": ["a"]} trailing', headers={"content-type": "application/json"})
+        assert r.status_code == 422 and r.json()["error"] == "body: invalid JSON at character 17 (Extra data)"
+        r = c.post("/encode", content=b'{"texts": ["a"]}', headers={"content-type": "text/plain"})
+        assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"], r.text
+
+
+def test_texts_with_no_tokens_are_refused_like_empty_texts(tiny_bert, classifier):
+    """A zero-width space, NUL or a lone combining mark passes str.strip() and tokenizes to nothing:
+    such texts were encoded as [CLS] [SEP] (one vector for all of them) and classified."""
+    with client(tiny_bert) as c:
+        for url, body, words in (("/encode", {"texts": ["a", "\u200b"]}, "texts[1]: no tokens"),
+                                 ("/encode", {"texts": ["\u0000\ufeff"]}, "texts[0]: no tokens"),
+                                 ("/encode", {"texts": ["a"], "text_pairs": ["\u200b"]}, "text_pairs[0]: no tokens"),
+                                 ("/v1/embeddings", {"input": "\u200b"}, "input[0]: no tokens"),
+                                 ("/attention", {"text": "a", "text_pair": "\u200b"}, "text_pair[0]: no tokens")):
+            r = c.post(url, json=body)
+            assert r.status_code == 422 and words in r.json()["error"], (body, r.text)
+        r = c.post("/encode", json={"texts": ["a", "b"], "text_pairs": ["c", "d"]})
+        assert r.status_code == 200 and r.json()["tokens"] == 10, r.text  # counted apart, summed as pairs
+    with client(classifier) as c:
+        r = c.post("/predict", json={"inputs": ["fine", "\u200b"]})
+        assert r.status_code == 422 and "inputs[1]: no tokens" in r.json()["error"], r.text
+
+
+def test_predict_refuses_what_a_classifier_or_qa_model_would_cut_off(classifier, qa_model):
+    """Past the max_len a classifier was fine-tuned with, and past a qa model's max_query_len,
+    text was cut and answered as if read whole (two different long reviews, one score)."""
+    import json as json_
+    max_len = json_.loads((classifier / "bertkit.json").read_text())["max_len"]
+    with client(classifier) as c:
+        fits, over = "good " * (max_len - 2), "good " * (max_len - 1)
+        assert c.post("/predict", json={"inputs": [fits]}).status_code == 200
+        r = c.post("/predict", json={"inputs": ["fine", over]})
+        assert r.status_code == 413 and r.json()["error"] == (
+            f"inputs[1]: {max_len + 1} tokens, over the limit of {max_len} tokens per text (the max_len the "
+            "classify model was fine-tuned with)"), r.text
+    folder, context = qa_model
+    with client(folder) as c:  # fine-tuned at --max-len 128: questions of up to 32 tokens
+        fits, over = "why " * 32, "why " * 33
+        r = c.post("/predict", json={"inputs": [{"question": fits, "context": context}]})
+        assert r.status_code == 200, r.text
+        r = c.post("/predict", json={"inputs": [{"question": over, "context": context}]})
+        assert r.status_code == 413 and r.json()["error"] == (
+            "inputs.question[0]: 35 tokens, over the limit of 34 tokens per text (the max_query_len of the qa "
+            "model, 32, and [CLS] [SEP])"), r.text

@@ -20,7 +20,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Union
+from typing import Annotated, Any, Callable, Literal, Union
 
 import numpy as np
 import torch
@@ -32,6 +32,9 @@ from ..inputs import lone_surrogate
 
 PAGE = Path(__file__).parent / "page" / "index.html"
 
+
+# validation errors a 422 lists (the first one is its "error")
+MAX_ERRORS_SHOWN = 10
 
 # characters a request's texts may have for their tokens to be counted on the event loop itself
 COUNT_ON_THE_LOOP = 50_000
@@ -126,11 +129,20 @@ class Served:
         self.counter = Tokenizer.from_str(self.tokenizer.tok.to_str())
         self.counter.no_truncation()
         self.counter.no_padding()
+        post = self.counter.post_processor  # [CLS] A [SEP] and [CLS] A [SEP] B [SEP] for BERT
+        self.specials = {q: post.num_special_tokens_to_add(q) if post is not None else 0 for q in (False, True)}
 
-    def count(self, texts: list[str], pairs: list[str] | None = None) -> list[int]:
-        """Tokens per text (or pair), specials included, never truncated."""
-        items = [t if p is None else (t, p) for t, p in zip(texts, pairs)] if pairs is not None else texts
-        return [len(e.ids) for e in self.counter.encode_batch(items)]
+    def count(self, texts: list[str], pairs: list[str] | None = None) -> tuple[list[int], list[int], list[int]]:
+        """Tokens per text (or pair), specials included, never truncated; and which texts and
+        which pairs hold no token at all (a zero-width space, control characters: what
+        str.strip() keeps and the tokenizer drops)."""
+        a = [len(e.ids) for e in self.counter.encode_batch(texts, add_special_tokens=False)]
+        b = ([len(e.ids) for e in self.counter.encode_batch([p or "" for p in pairs], add_special_tokens=False)]
+             if pairs is not None else [0] * len(texts))
+        paired = [pairs is not None and p is not None for p in (pairs or [None] * len(texts))]
+        counts = [n + m + self.specials[q] for n, m, q in zip(a, b, paired)]
+        return (counts, [i for i, n in enumerate(a) if not n],
+                [i for i, (m, q) in enumerate(zip(b, paired)) if q and not m])
 
     def info(self) -> dict:
         cfg = self.config
@@ -299,6 +311,10 @@ class Batcher:
 
 
 # ---------------------------------------------------------------- request bodies
+# a list's validation stops at its first bad item: a 1 MB body of 500,000 wrong items held the
+# event loop 10 s for pydantic's 500,000 errors and a 50 MB answer
+FAIL_FAST = Field(fail_fast=True)
+
 def _not_utf8(value, at: str = "", depth: int = 0) -> str | None:
     """Where in a field's value (a string, or a list of strings or of objects) a string UTF-8
     cannot encode is ("" for the value itself), or None. JSON's "\\ud800" escape decodes to such a
@@ -330,14 +346,15 @@ class Strict(Body):
 
 # booleans and integers strict: pydantic would take "yes" for true and true for 1
 class EncodeRequest(Strict):
-    texts: list[str] = Field(min_length=1, description="texts to encode")
-    text_pairs: list[str] | None = Field(None, description="second texts: each vector is of the pair")
+    texts: list[str] = Field(min_length=1, fail_fast=True, description="texts to encode")
+    text_pairs: list[str] | None = Field(None, fail_fast=True, description="second texts: each vector is of the pair")
     pooling: Literal["cls", "mean", "pooler"] | None = Field(None, description="default: the folder's")
     normalize: StrictBool | None = Field(None, description="unit length; default: the folder's (true where a "
                                                           "sentence-transformers folder ends with Normalize)")
 
 class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as clients add their own
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: Union[str, Annotated[list[str], FAIL_FAST], Annotated[list[int], FAIL_FAST],
+                 Annotated[list[list[int]], FAIL_FAST]]
     model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = None
@@ -346,13 +363,13 @@ class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as 
 class FillMaskRequest(Strict):
     text: str | None = Field(None, description="a text with one or more [MASK]: answered as "
                                                '{"predictions": [[{"token", "score"}, ...] per [MASK]]}')
-    texts: list[str] | None = Field(None, min_length=1, description="several texts: answered as "
+    texts: list[str] | None = Field(None, min_length=1, fail_fast=True, description="several texts: answered as "
                                                                     '{"results": [{"text", "masks"}, ...]}')
     top_k: StrictInt = Field(5, ge=1)
 
 class PredictRequest(Strict):
     inputs: list[Union[str, dict[str, Any]]] = Field(
-        min_length=1, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
+        min_length=1, fail_fast=True, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
 
 class AttentionRequest(Strict):
     text: str
@@ -432,8 +449,16 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         errors = e.errors()
         first = errors[0] if errors else {}
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        return ErrorResponse({"error": f"{where}: {first.get('msg', 'invalid request')}", "detail": errors},
-                             status_code=422)
+        msg = first.get("msg", "invalid request")
+        if first.get("type") == "json_invalid":  # loc holds the character where parsing stopped
+            where, msg = "body", f"invalid JSON at character {first['loc'][-1]} ({first.get('ctx', {}).get('error')})"
+        elif first.get("type") == "model_attributes_type" and "json" not in request.headers.get("content-type", ""):
+            msg += " (send the body as JSON, with Content-Type: application/json)"
+        # the first errors, without the input each echoes: a body can hold thousands of bad items
+        detail = [{k: err[k] for k in ("type", "loc", "msg") if k in err} for err in errors[:MAX_ERRORS_SHOWN]]
+        return ErrorResponse({"error": f"{where}: {msg}", "detail": detail,
+                              **({"more_errors": len(errors) - MAX_ERRORS_SHOWN} if len(errors) > MAX_ERRORS_SHOWN
+                                 else {})}, status_code=422)
 
     @app.exception_handler(HTTPException)  # starlette's and FastAPI's own: 404, 405, a body that does not parse
     async def http_error(request: Request, e: HTTPException):
@@ -478,8 +503,14 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         # texts are counted whole (a limit must see all of a text); a long request is counted off
         # the event loop: a 1 MB text takes ~2 s, during which every other client waited
         chars = sum(map(len, texts)) + sum(map(len, (p for p in pairs or () if p is not None)))
-        counts = (await asyncio.to_thread(served.count, texts, pairs) if chars > COUNT_ON_THE_LOOP
-                  else served.count(texts, pairs))
+        counts, tokenless, tokenless_pairs = (await asyncio.to_thread(served.count, texts, pairs)
+                                              if chars > COUNT_ON_THE_LOOP else served.count(texts, pairs))
+        for i in tokenless:
+            raise RequestError(422, f"{field}[{i}]: no tokens in {texts[i][:40]!r} (nothing but characters the "
+                                    "tokenizer drops)")
+        for i in tokenless_pairs:
+            raise RequestError(422, f"{pair_field}[{i}]: no tokens in {pairs[i][:40]!r} (nothing but characters "
+                                    "the tokenizer drops)")
         for i, n in enumerate(counts):
             if n > limit:
                 raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text ("
@@ -492,6 +523,12 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     # was answered (16 joined MiniLM requests: +1.1 GB)
     attention_calls = itertools.count()
 
+    async def json_answer(payload: dict) -> Response:
+        """A large answer serialised off the event loop, without FastAPI's jsonable_encoder: 256
+        MiniLM vectors held the loop 0.36 s, one 126-token /attention answer 1.9 s."""
+        dump = lambda: json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()  # noqa: E731
+        return Response(await asyncio.to_thread(dump), media_type="application/json")
+
     # ---- endpoints ----
     @app.post("/encode", summary="sentence vectors of texts or text pairs")
     async def encode(body: EncodeRequest):
@@ -501,8 +538,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         pairs = body.text_pairs or [None] * len(body.texts)
         key = ("encode", pooling, normalize, body.text_pairs is not None)
         vectors = await batcher.submit(key, list(zip(body.texts, pairs)), tokens)
-        return {"vectors": [v.tolist() for v in vectors], "pooling": pooling, "normalized": normalize,
-                "dimensions": served.config.hidden_size, "tokens": tokens}
+        return await json_answer({"vectors": [v.tolist() for v in vectors], "pooling": pooling,
+                                  "normalized": normalize, "dimensions": served.config.hidden_size, "tokens": tokens})
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings (unit length, the folder's pooling)")
     async def embeddings(body: EmbeddingsRequest):
@@ -522,9 +559,9 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             rows = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
         else:
             rows = [v.tolist() for v in vectors]
-        return {"object": "list", "model": body.model or served.name,
-                "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return await json_answer({"object": "list", "model": body.model or served.name,
+                                  "data": [{"object": "embedding", "index": i, "embedding": r} for i, r in enumerate(rows)],
+                                  "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     @app.post("/fill-mask", summary="top predictions for each [MASK] in each text")
     async def fill_mask(body: FillMaskRequest):
@@ -564,18 +601,25 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             raise RequestError(413, f"inputs: {len(body.inputs)} inputs, over the limit of {cfg.max_texts} "
                                     "per request (--max-texts)")
         examples = served.examples(body.inputs)
-        if served.task.name == "qa":  # long contexts are read in windows: their limit is 8x
-            tokens = await check_texts([e.question for e in examples], None, "inputs.question")
+        name = served.task.name
+        # what the model reads of a text: more would be cut off, and answered as if read whole
+        limit = min(max_tokens, served.max_len)
+        limit_name = f"the max_len the {name} model was fine-tuned with" if limit < max_tokens else None
+        if name == "qa":  # a question past max_query_len is cut; long contexts are read in windows: 8x
+            query = served.task.max_query_len(served.max_len) + 2  # with [CLS] and [SEP], as counted
+            tokens = await check_texts([e.question for e in examples], None, "inputs.question", min(max_tokens, query),
+                                       limit_name=f"the max_query_len of the qa model, {query - 2}, and [CLS] [SEP]"
+                                       if query < max_tokens else None)
             tokens += await check_texts([e.context for e in examples], None, "inputs.context", 8 * max_tokens)
-        elif served.task.name in ("ner", "tag"):  # words past max_len would come back 'O' as if read
-            limit = min(max_tokens, served.max_len)
-            tokens = await check_texts(list(body.inputs), None, "inputs", limit,
-                                 limit_name=f"the max_len the {served.task.name} model was fine-tuned with"
-                                 if limit < max_tokens else None)
-        else:  # a classify input's text_pair counts with its text, as they are read together
+        elif name in ("ner", "tag"):  # words past max_len would come back 'O' as if read
+            tokens = await check_texts(list(body.inputs), None, "inputs", limit, limit_name=limit_name)
+        elif name == "summarize":  # a long document's later sentences are not scored (the task's rule)
+            tokens = await check_texts(list(body.inputs), None, "inputs")
+        else:  # classify and word; a classify input's text_pair counts with its text, as they are read together
             texts = [x if isinstance(x, str) else x["text"] for x in body.inputs]
             pairs = [None if isinstance(x, str) else x.get("text_pair") for x in body.inputs]
-            tokens = await check_texts(texts, pairs if any(p is not None for p in pairs) else None, "inputs")
+            tokens = await check_texts(texts, pairs if any(p is not None for p in pairs) else None, "inputs",
+                                       limit, limit_name=limit_name)
         results = await batcher.submit(("predict",), examples, tokens)
         return {"task": served.task.name, "predictions": results}
 
@@ -584,7 +628,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         tokens = await check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
                              cfg.max_attention_tokens, "text_pair")
         [result] = await batcher.submit(("attention", next(attention_calls)), [(body.text, body.text_pair)], tokens)
-        return {"layers": served.config.num_hidden_layers, "heads": served.config.num_attention_heads, **result}
+        return await json_answer({"layers": served.config.num_hidden_layers,
+                                  "heads": served.config.num_attention_heads, **result})
 
     @app.get("/health")
     async def health():

@@ -51,9 +51,13 @@ class QATask(Task):
             rows.append(QAExample(str(row.get("id", lineno)), row["question"], row["context"], [], False, ""))
         return rows
 
+    def max_query_len(self, max_len: int) -> int:
+        """Question tokens a window holds (SQuAD's convention: the rest of a question is cut)."""
+        return int(self.info.get("max_query_len", min(64, max_len // 4)))
+
     def features(self, examples, tokenizer, max_len):
         stride = int(self.info.get("doc_stride", min(128, max_len // 4)))
-        query = int(self.info.get("max_query_len", min(64, max_len // 4)))
+        query = self.max_query_len(max_len)
         windows = make_windows(examples, tokenizer, max_len=max_len, doc_stride=stride, max_query_len=query)
         return [{"input_ids": windows.input_ids[i], "token_type_ids": windows.token_type_ids[i],
                  "attention_mask": windows.attention_mask[i], "start_positions": windows.start_positions[i],
