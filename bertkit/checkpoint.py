@@ -103,10 +103,15 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
 
 def _normalised_names(raw: dict[str, torch.Tensor]) -> dict[str, str]:
     """HF file name -> the name with the 'bert.' prefix of the task models (BertModel files
-    store the encoder without it)."""
-    if any(k.startswith("bert.") for k in raw):
-        return {k: k for k in raw}
-    return {k: k if k.startswith("cls.") else "bert." + k for k in raw}
+    store the encoder without it), and LayerNorm's weight and bias under their names of today:
+    the checkpoints converted from Google's TensorFlow release (bert-base-uncased ...) call them
+    gamma and beta, which transformers renames as it loads them."""
+    def today(k: str) -> str:
+        if ".LayerNorm." in k and k.endswith((".gamma", ".beta")):
+            return k.rsplit(".", 1)[0] + (".weight" if k.endswith(".gamma") else ".bias")
+        return k
+    prefixed = any(k.startswith("bert.") for k in raw)
+    return {k: today(k if prefixed or k.startswith("cls.") else "bert." + k) for k in raw}
 
 
 def has_trained_mlm_head(folder: str | Path) -> bool:
@@ -135,11 +140,14 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     model = BertForPreTraining(cfg) if heads else BertModel(cfg)
     target = model.state_dict()
     wanted = name_map(cfg, heads=True)
-    have_heads = all(t in hf for theirs in HEADS_MAP.values() for t in theirs)
+    # each head is read if the file has all of it (a BertForMaskedLM file has no NSP head) and
+    # initialised otherwise; so is the pooler, which HF's MLM and token-level models leave out
+    absent = {part for part in ("mlm.", "nsp.", "bert.pooler.")
+              if not all(t in hf for ours, theirs in wanted.items() if ours.startswith(part) for t in theirs)}
     used: set[str] = set(HF_DERIVED)
     state = {}
     for ours, theirs in wanted.items():
-        if ours.startswith(("mlm.", "nsp.")) and not (heads and have_heads):
+        if ours.startswith(("mlm.", "nsp.")) and not heads or ours.startswith(tuple(absent)):
             continue
         missing = [t for t in theirs if t not in hf]
         if missing:
@@ -157,13 +165,25 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
         tensor = torch.cat([hf[t] for t in theirs]) if len(theirs) > 1 else hf[theirs[0]]
         state[key] = tensor.to(target[key].dtype)
         used.update(theirs)
-    if heads and not have_heads:
+    new = []
+    if heads and "mlm." in absent:
         init_weights(model.mlm, cfg)
-        init_weights(model.nsp, cfg)
         torch.nn.init.zeros_(model.mlm.bias)
-        if not quiet:
-            print(f"bertkit: {folder} has no MLM/NSP heads (cls.*); initialised them, "
-                  "the MLM decoder tied to the word embeddings", file=sys.stderr)
+        new.append("the MLM head (cls.predictions.*), its decoder tied to the word embeddings")
+    if heads and "nsp." in absent:
+        init_weights(model.nsp, cfg)
+        new.append("the NSP head (cls.seq_relationship.*)")
+    if "bert.pooler." in absent:
+        init_weights((model.bert if heads else model).pooler, cfg)
+        new.append("the pooler (pooler.dense.*)")
+    if new and not quiet:
+        print(f"bertkit: {folder} has no {' and no '.join(n.split(' (')[0].removeprefix('the ') for n in new)}; "
+              f"initialised {'; '.join(new)}", file=sys.stderr)
+    stray = sorted((k for k in hf if k not in used and k.startswith("bert.encoder.layer.")),
+                   key=lambda k: int(k.split(".")[3]) if k.split(".")[3].isdigit() else 0)
+    if stray:  # a config.json with fewer layers than the file: the rest would be dropped unseen
+        raise BertkitError(f"{folder / WEIGHTS}: holds tensor {file_names[stray[-1]]!r}, but config.json describes "
+                           f"{cfg.num_hidden_layers} layers (num_hidden_layers); its layers would go unused")
     # strict=False only because the tied decoder weight and skipped heads are not in `state`
     model.load_state_dict(state, strict=False)
     extra = {file_names[k]: v for k, v in hf.items() if k not in used}

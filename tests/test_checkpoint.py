@@ -88,7 +88,7 @@ def test_hf_folder_load_save_load_is_identical(tmp_path, minilm_folder):
 def test_missing_heads_are_initialised_tied_and_reported(minilm_folder, capfd):
     model, _ = load_model(minilm_folder)
     err = capfd.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "no MLM/NSP heads" in err[0] and "tied" in err[0]
+    assert len(err) == 1 and "no MLM head and no NSP head" in err[0] and "tied" in err[0]
     assert model.mlm.decoder_weight is model.bert.embeddings.word.weight
     assert torch.count_nonzero(model.mlm.bias) == 0
     assert model.nsp.classifier.weight.std().item() == pytest.approx(0.02, rel=0.3)
@@ -121,6 +121,11 @@ def test_config_that_does_not_match_the_weights_names_the_tensor(tmp_path, minil
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(BertkitError, match="'encoder.layer.6.attention.self.query.weight' is missing"):
         load_model(tmp_path)
+    config["num_hidden_layers"] = 4  # fewer: layers 4 and 5 were dropped without a word
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(BertkitError, match=r"holds tensor 'encoder.layer.5\.[a-z.A-Z]+', but "
+                                           r"config.json describes 4 layers"):
+        load_model(tmp_path)
 
 
 def test_save_is_atomic_and_keeps_extra_tensors(tmp_path):
@@ -132,3 +137,59 @@ def test_save_is_atomic_and_keeps_extra_tensors(tmp_path):
     loaded, found = load_model(tmp_path, heads=False)
     assert torch.equal(found["classifier.weight"], extra["classifier.weight"])
     assert json.loads((tmp_path / "bertkit.json").read_text()) == {"task": "classify"}
+
+
+def test_a_masked_lm_file_keeps_its_mlm_head_and_gets_a_pooler_and_nsp_head(tmp_path, capfd):
+    """HF's BertForMaskedLM stores no pooler and no NSP head: the folder was refused (pooler
+    missing), and with the NSP head alone missing the trained MLM head was thrown away too."""
+    from transformers import BertForMaskedLM
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    theirs = BertForMaskedLM(_hf_config(cfg)).eval()
+    with torch.no_grad():
+        theirs.cls.predictions.bias.normal_()  # a trained-looking bias, not HF's zeros
+    theirs.save_pretrained(tmp_path / "mlm")
+    capfd.readouterr()  # transformers' progress bar
+    ours, _ = load_model(tmp_path / "mlm")
+    err = capfd.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no NSP head and no pooler" in err[0] and "MLM" not in err[0], err
+    ids = torch.randint(5, cfg.vocab_size, (2, 9))
+    positions = torch.arange(9).expand(2, 9)
+    with torch.no_grad():
+        expected = theirs(input_ids=ids).logits                                       # (2, 9, V)
+        got = ours(ids, mlm_positions=positions).mlm_logits.view(2, 9, -1)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert ours.bert.pooler.dense.weight.std().item() == pytest.approx(0.02, rel=0.3)
+    body, _ = load_model(tmp_path / "mlm", heads=False)  # the encoder alone: the pooler initialised too
+    torch.testing.assert_close(body(ids).sequence_output, theirs.bert(input_ids=ids).last_hidden_state)
+
+
+def test_layernorm_gamma_and_beta_of_converted_tensorflow_checkpoints_load(tmp_path, minilm_folder):
+    """bert-base-uncased and the other checkpoints converted from Google's TensorFlow release
+    name LayerNorm's tensors gamma and beta; transformers renames them as it loads."""
+    import shutil
+
+    from safetensors.torch import save_file
+    old = tmp_path / "old"
+    shutil.copytree(minilm_folder, old)
+    tensors = load_file(str(old / "model.safetensors"))
+    renamed = {k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+               for k, v in tensors.items()}
+    assert sum(k.endswith("gamma") for k in renamed) == 13
+    save_file(renamed, str(old / "model.safetensors"), metadata={"format": "pt"})
+    new_model, _ = load_model(minilm_folder, heads=False)
+    old_model, extra = load_model(old, heads=False)
+    assert not extra
+    for (name, a), b in zip(new_model.state_dict().items(), old_model.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_checkpoints_are_kept_and_found_by_step_number_past_seven_digits(tmp_path):
+    """step_10000000 sorts before step_9999999 by name: the newest was pruned first and the
+    run resumed from an older one."""
+    from bertkit.training.checkpoints import latest_checkpoint, save_checkpoint
+    write = lambda folder: (folder / "model.safetensors").write_bytes(b"weights")  # noqa: E731
+    for step in (9_999_998, 9_999_999, 10_000_000, 10_000_001):
+        save_checkpoint(tmp_path, step, write, {}, {"step": step}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10000000", "step_10000001"]
+    assert latest_checkpoint(tmp_path).name == "step_10000001"

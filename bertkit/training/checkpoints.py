@@ -53,10 +53,17 @@ def save_checkpoint(out: Path, step: int, write_model: Callable[[Path], None], t
         shutil.rmtree(final)
     os.replace(tmp, final)
     _fsync(root)
-    kept = sorted(p for p in root.glob("step_*") if p.is_dir())
+    kept = _by_step(root)
     for old in kept[:-keep]:
         shutil.rmtree(old)
     return final
+
+
+def _by_step(root: Path) -> list[Path]:
+    """The checkpoint folders, oldest first: by their step's number (past 9,999,999 steps the
+    names no longer sort as the numbers do)."""
+    folders = [p for p in root.glob("step_*") if p.is_dir() and p.name[5:].isdigit()]
+    return sorted(folders, key=lambda p: int(p.name[5:]))
 
 
 def checkpoint_problem(ckpt: Path) -> str | None:
@@ -78,7 +85,7 @@ def checkpoint_problem(ckpt: Path) -> str | None:
 
 def latest_checkpoint(out: Path, log=lambda msg: None) -> Path | None:
     """The newest whole checkpoint; a damaged one is reported and the one before it used."""
-    candidates = sorted((p for p in (out / "checkpoints").glob("step_*") if p.is_dir()), reverse=True)
+    candidates = _by_step(out / "checkpoints")[::-1]
     for ckpt in candidates:
         problem = checkpoint_problem(ckpt)
         if problem is None:
