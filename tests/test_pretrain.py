@@ -76,6 +76,8 @@ def test_a_first_phase_on_short_pairs_then_full_length(tmp_path, wiki_excerpt, v
         _cfg(wiki_excerpt, out, max_len=32, short_len=40)
     with pytest.raises(BertkitError, match="--short-share"):
         _cfg(wiki_excerpt, out, max_len=64, short_share=1.5)
+    with pytest.raises(BertkitError, match="--clip .* above 0, got 0"):  # clipping to 0 would train nothing
+        _cfg(wiki_excerpt, out, clip=0.0)
 
 
 def test_a_short_run_lowers_the_mlm_loss_and_writes_the_run_files(tmp_path, wiki_excerpt):
@@ -104,7 +106,7 @@ def test_a_short_run_lowers_the_mlm_loss_and_writes_the_run_files(tmp_path, wiki
 def test_continue_pretraining_from_a_hf_folder(tmp_path, wiki_excerpt, minilm_folder, capfd):
     out = tmp_path / "cont"
     summary = pretrain(_cfg(wiki_excerpt, out, model=str(minilm_folder), steps=2, save_every=0, eval_every=2))
-    assert "no MLM/NSP heads" in capfd.readouterr().err
+    assert "no MLM head and no NSP head" in capfd.readouterr().err
     assert summary["vocab_size"] == 30522
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["hidden_size"] == 384 and cfg["num_hidden_layers"] == 6
@@ -372,6 +374,12 @@ def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_cloc
     assert after[0]["lr"] <= peak * (budget - saved) / ((budget - start) * 0.8) + 1e-9  # on the decay line, not warming up again
     assert resumed["elapsed_s"] <= budget + 3
     assert after[-1]["lr"] < _last_lr_bound(after, peak, budget)
+    # the schedule's end, moved earlier to leave room for the saves, stays there: a resumed run
+    # started it at the whole budget again and ran at a higher lr until its first save
+    assert state["budget"] == budget and state["schedule_end"] < budget
+    later = [json.loads(p.read_text()) for p in (out2 / "checkpoints").glob("step_*/trainer.json")]
+    later = [c for c in later if c["step"] > 10]
+    assert later and all(c["schedule_end"] <= state["schedule_end"] for c in later)
 
 
 def _last_lr_bound(train, peak, budget):
@@ -607,6 +615,9 @@ def test_non_finite_steps_are_skipped_then_rolled_back_at_half_the_lr(tmp_path, 
     back = [r for r in lines if "rolled_back_to" in r]
     assert len(back) == 1 and back[0]["rolled_back_to"] == "step_0000008" and back[0]["lr_scale"] == 0.5
     assert summary["steps"] == 12 and summary["skipped_steps"] == 6
+    # the steps undone by the roll-back are logged once, as they ran the second time
+    logged = [r["step"] for r in lines if "mlm_loss" in r]
+    assert logged == sorted(set(logged)) and logged[-1] == 12, logged
     weights = load_file(str(out / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())
     from bertkit.training.step import lr_factor

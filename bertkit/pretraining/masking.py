@@ -2,7 +2,8 @@
 
 Of the non-special tokens, `mask_prob` are chosen (at least one, at most `max_predictions` per
 sequence); of those 80% become [MASK], 10% a random token and 10% stay unchanged (Devlin et al.
-2019, section 3.1). With whole-word masking a word's pieces are chosen together. The batch
+2019, section 3.1). With whole-word masking a word's pieces are chosen together (none in a
+sequence whose every word has more pieces than max_predictions). The batch
 carries the chosen positions and their labels, so the MLM head projects only those.
 """
 from __future__ import annotations
@@ -57,21 +58,15 @@ def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, 
     score = np.where(candidates, score, np.inf)
     order = np.argsort(score, axis=1, kind="stable")                           # chosen first
     if cfg.whole_word:
-        # take whole words while they fit: a piece is in if its word's last piece ranks < n_pick
-        sorted_word = np.take_along_axis(word, order, axis=1)
-        last_of_word = np.ones((B, T), dtype=bool)
-        last_of_word[:, :-1] = sorted_word[:, 1:] != sorted_word[:, :-1]
-        rank = np.arange(T)[None, :]
-        end_rank = np.where(last_of_word, rank, T)
-        end_rank = np.minimum.accumulate(end_rank[:, ::-1], axis=1)[:, ::-1]   # rank of its word's end
-        take = end_rank < n_pick[:, None]
+        take = _whole_words(np.take_along_axis(word, order, axis=1), np.take_along_axis(candidates, order, axis=1),
+                            n_pick, P)
     else:
         take = np.arange(T)[None, :] < n_pick[:, None]
     take &= np.take_along_axis(candidates, order, axis=1)
 
     # pack the chosen positions into P slots, in position order for readability
-    chosen = np.where(take, order, T)[:, :P] if T >= P else np.where(take, order, T)
-    chosen = np.sort(chosen, axis=1)
+    # (sorted before the cut: a skipped whole word leaves taken pieces past rank P)
+    chosen = np.sort(np.where(take, order, T), axis=1)[:, :P]
     if chosen.shape[1] < P:
         chosen = np.pad(chosen, ((0, 0), (0, P - chosen.shape[1])), constant_values=T)
     used = chosen < T
@@ -88,3 +83,28 @@ def mask_tokens(ids: np.ndarray, special: np.ndarray, rng: np.random.Generator, 
     rows = np.nonzero(used)
     out[rows[0], positions[rows]] = replacement[rows]
     return MaskedBatch(out, positions, labels)
+
+
+def _whole_words(sorted_word: np.ndarray, sorted_cand: np.ndarray, n_pick: np.ndarray, P: int) -> np.ndarray:
+    """Which of the score-sorted pieces to take, whole words only: words in score order, one
+    that would pass n_pick skipped and the next tried, as Google's create_pretraining_data does
+    (stopping at the first such word left rows with none: a fifth of them at length 8). A row
+    whose every word is longer than n_pick takes its first word that fits the P slots.
+    sorted_word, sorted_cand: (B, T) word number and candidate flag in score order."""
+    B, T = sorted_word.shape
+    first = np.ones((B, T), dtype=bool)
+    first[:, 1:] = sorted_word[:, 1:] != sorted_word[:, :-1]
+    k = np.cumsum(first, axis=1) - 1                                           # (B, T) word's rank
+    size = np.bincount((np.arange(B)[:, None] * T + k).ravel(), weights=sorted_cand.ravel(),
+                       minlength=B * T).reshape(B, T).astype(np.int64)        # (B, words) pieces
+    keep = np.zeros((B, T), dtype=bool)
+    filled = np.zeros(B, dtype=np.int64)
+    for j in range(int(k[sorted_cand].max(initial=-1)) + 1):                    # over word ranks, all rows at once
+        fits = (size[:, j] > 0) & (filled + size[:, j] <= n_pick)
+        keep[:, j] = fits
+        filled += np.where(fits, size[:, j], 0)
+    for b in np.flatnonzero((filled == 0) & (n_pick > 0)):                      # every word too long
+        fitting = np.flatnonzero((size[b] > 0) & (size[b] <= P))
+        if fitting.size:
+            keep[b, fitting[0]] = True
+    return np.take_along_axis(keep, k, axis=1) & sorted_cand

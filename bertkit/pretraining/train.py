@@ -167,9 +167,12 @@ class PretrainConfig:
         for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1), ("short_share", 0, 1)):
             if not low <= getattr(self, name) < high:
                 raise BertkitError(f"{_flag(name)} must be in [{low}, {high}), got {getattr(self, name)}")
-        for name in ("nsp_weight", "weight_decay", "clip"):
+        for name in ("nsp_weight", "weight_decay"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise BertkitError(f"{_flag(name)} must be a number >= 0, got {getattr(self, name)}")
+        if not (math.isfinite(self.clip) and self.clip > 0):  # 0 would scale every gradient to 0
+            raise BertkitError(f"{_flag('clip')} (the gradient norm clipped to) must be a number above 0, "
+                               f"got {self.clip}")
         if self.batch_size % self.grad_accum:
             raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
         if not 0 < self.mask_prob < 1:
@@ -348,12 +351,13 @@ def _options(cfg: PretrainConfig) -> dict:
 
 
 def _save(out: Path, step: int, model, opt, position: Position, phase: int, pairs_seen: int, cfg: PretrainConfig,
-          procs: Processes, elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list]) -> None:
+          procs: Processes, elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list],
+          clock: dict) -> None:
     save_checkpoint(out, step, lambda folder: save_model(model, folder),
                     {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
                     {"phase": phase, "epoch": position.epoch, "batch": position.batch, "pairs_seen": pairs_seen,
                      "elapsed_s": elapsed, "start_s": start_s, "lr_scale": lr_scale, "world_size": procs.world,
-                     "options": _options(cfg)},
+                     "options": _options(cfg), **clock},
                     cfg.keep_checkpoints)
 
 
@@ -669,8 +673,13 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     bar = tqdm(total=round(total), initial=round(elapsed0 if cfg.budget else step), unit="s" if cfg.budget else "step",
                disable=not (cfg.progress and main), dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
-    last_eval, step_s, eval_s, save_s = None, 0.0, 0.0, 0.0
-    end = cfg.budget  # where the budget's schedule ends
+    # where the budget's schedule ends, and the times it leaves room for: a resumed run goes on
+    # with them (from the full budget again, its lr rose until the first evaluation and save)
+    # (a resumption with another budget, or steps, starts its schedule's end afresh)
+    resumed = state if ckpt is not None and state.get("budget") == cfg.budget else {}
+    end = resumed.get("schedule_end", cfg.budget)
+    step_s, eval_s, save_s = (resumed.get(k, 0.0) for k in ("step_s", "eval_s", "save_s"))
+    last_eval = None
     guard = Guard(MAX_BAD_STEPS)  # steps with a non-finite loss or gradient: not applied
     start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
     now = elapsed()  # the budget's clock (rank 0's) where the last step ended
@@ -732,8 +741,10 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 batches = _phase_batches(cfg, phase, train_store, tok)
                 data_iter = _Prefetch(batches.iterate(position))
                 guard.in_a_row = 0
+                window.update({k: 0 for k in window})  # the steps undone are not logged ...
                 log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
                 if main:
+                    metrics.drop_after(step)  # ... and their records go: the steps run again
                     metrics.write({"step": step, "rolled_back_to": good.name, "lr_scale": lr_scale,
                                    "skipped_steps": guard.skipped, "elapsed_s": elapsed()})
                 continue
@@ -771,7 +782,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 if main:
                     t_save = time.perf_counter()
                     _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale,
-                          rng)
+                          rng, {"budget": cfg.budget, "schedule_end": end, "step_s": step_s, "eval_s": eval_s,
+                                "save_s": save_s})
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
             if interrupted:

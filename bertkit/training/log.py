@@ -10,15 +10,18 @@ class MetricsLog:
     def __init__(self, out: Path, tensorboard: bool = False, resume_step: int | None = None):
         self.path = out / "metrics.jsonl"
         if resume_step is not None and self.path.exists():
-            # a resumed run repeats the steps after its checkpoint: drop their old lines
-            keep = [line for line in self.path.read_text().splitlines() if _step(line) <= resume_step]
-            self.path.write_text("".join(line + "\n" for line in keep))
+            self.drop_after(resume_step)  # a resumed run repeats the steps after its checkpoint
         elif resume_step is None:
             self.path.write_text("")
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.writer = SummaryWriter(str(out / "tensorboard"), purge_step=resume_step)
+
+    def drop_after(self, step: int) -> None:
+        """Drop the lines of the steps after `step` (a run returned to an earlier checkpoint)."""
+        keep = [line for line in self.path.read_text().splitlines() if _step(line) <= step]
+        self.path.write_text("".join(line + "\n" for line in keep))
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
