@@ -453,8 +453,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # texts after the options (`predict TASK --model M "a text"`): argparse leaves them over
-    if extra and hasattr(args, "text") and not any(e.startswith("-") for e in extra):
-        args.text = list(args.text or []) + extra
+    # (after "--", a text may start with "-": "-5 stars")
+    texts = extra[1:] if extra[:1] == ["--"] else extra
+    if extra and hasattr(args, "text") and (extra[:1] == ["--"] or not any(e.startswith("-") for e in extra)):
+        args.text = list(args.text or []) + texts
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     warnings.formatwarning = lambda msg, *a, **k: f"bertkit: warning: {msg}\n"

@@ -184,10 +184,11 @@ def load_config(folder: str | Path) -> BertConfig:
 
 
 def check_max_len(max_len: int, cfg, option: str = "--max-len") -> int:
-    """A sequence length the model can take: at least 1, at most its position embeddings."""
+    """A sequence length the model can take: at least 3 ([CLS], a token, [SEP]; below that the
+    tokenizer drops truncation and a tagger read whole sentences), at most its position embeddings."""
     limit = cfg.max_position_embeddings
-    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 1:
-        raise BertkitError(f"{option} must be an integer of at least 1, got {max_len!r}")
+    if isinstance(max_len, bool) or not isinstance(max_len, int) or max_len < 3:
+        raise BertkitError(f"{option} must be an integer of at least 3 ([CLS], a token and [SEP]), got {max_len!r}")
     if max_len > limit:
         raise BertkitError(f"{option} {max_len} exceeds the model's limit of {limit} positions "
                            f"(config.json max_position_embeddings); use at most {limit}")

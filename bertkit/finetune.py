@@ -151,16 +151,33 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     if not isinstance(info, dict):
         raise BertkitError(f"{info_path}: expected a JSON object")
     name = info.pop("task", None)
+    from .tasks import TASKS
+    if name not in TASKS:
+        raise BertkitError(f"{folder} is not fine-tuned for a task (its bertkit.json has task {name!r}); "
+                           f"run `bertkit finetune {task_name or 'TASK'}` on it first")
     if task_name is not None and name != task_name:
         raise BertkitError(f"{folder} was fine-tuned for {name!r}, not {task_name!r}")
+    labels = info.get("labels")
+    if labels is not None and not (isinstance(labels, list) and len(labels) >= (2 if name == "classify" else 1)
+                                   and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in labels)):
+        raise BertkitError(f"{info_path}: 'labels' must be a list of strings or integers (two or more to classify), "
+                           f"found {json.dumps(labels)[:80]}")
     task = get_task(name)(info)
     tokenizer = load_tokenizer(folder)
     bert, extra = load_model(folder, heads=False)
-    model = TaskModel(bert, task.head(bert.config, bert))
+    try:
+        model = TaskModel(bert, task.head(bert.config, bert))
+    except KeyError as e:
+        raise BertkitError(f"{info_path}: no {e.args[0]!r} field, which the {name} head is built from") from None
     wanted = _head_state(model)
     missing = [k for k in wanted if k not in extra]
     if missing:
         raise BertkitError(f"{folder / 'model.safetensors'}: the {name} head's tensor {missing[0]!r} is missing")
+    for k, t in wanted.items():
+        if extra[k].shape != t.shape:  # the head as bertkit.json describes it (its labels ...) is another
+            raise BertkitError(f"{folder / 'model.safetensors'}: the {name} head's tensor {k!r} has shape "
+                               f"{tuple(extra[k].shape)}, but bertkit.json describes one of {tuple(t.shape)}"
+                               + (f" ({len(labels)} labels)" if labels is not None else ""))
     model.head.load_state_dict({k: extra[k] for k in wanted}, strict=False)
     model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
     return task, model, tokenizer
@@ -170,7 +187,8 @@ def task_max_len(task: Task, model: TaskModel, max_len: int | None) -> int:
     """--max-len for evaluate / predict: the one given, else the one the model was fine-tuned
     with; within the model's position limit either way."""
     if max_len is None:
-        return min(task.info.get("max_len", 128), model.config.max_position_embeddings)
+        return check_max_len(min(task.info.get("max_len", 128), model.config.max_position_embeddings),
+                             model.config, "bertkit.json's max_len")
     return check_max_len(max_len, model.config)
 
 

@@ -150,9 +150,10 @@ def parse_json(text: str, where: str):
         raise BertkitError(f"{where}: not valid JSON (nested too deeply)") from None
 
 
-def jsonl_rows(path: str | Path) -> Iterator[tuple[int, dict]]:
-    """(line number, object) for each non-blank line of a JSONL file."""
-    for lineno, line in enumerate(read_lines(path), 1):
+def jsonl_rows(path: str | Path, file_lines: list[str] | None = None) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line of a JSONL file (of its lines, if read
+    already: a pipe or /dev/stdin can be read once only)."""
+    for lineno, line in enumerate(read_lines(path) if file_lines is None else file_lines, 1):
         if not line.strip():
             continue
         row = parse_json(line, f"{path}, line {lineno}")
@@ -188,11 +189,12 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
     if suffix in (".csv", ".tsv", ".json"):  # as lines of text, a header and labels would become texts
         raise BertkitError(f"{path}: a {suffix[1:].upper()} file is not an input here; give a .txt file (one "
                            "text per line) or a .jsonl file (an object with 'text' per line)")
+    file_lines = read_lines(path)  # once: a named pipe or /dev/stdin has nothing left for a second read
     if blank_lines == "refuse":
-        _refuse_blank_lines(path, read_lines(path))
+        _refuse_blank_lines(path, file_lines)
     if suffix == ".jsonl":
         texts, pairs = [], []
-        for lineno, row in jsonl_rows(path):
+        for lineno, row in jsonl_rows(path, file_lines):
             if not isinstance(row.get("text"), str):
                 raise BertkitError(f"{path}, line {lineno}: expected an object with a string field 'text'")
             pair = row.get("text_pair")
@@ -207,7 +209,7 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
                                f"(row {lineno} has none); give it on every row or on none")
         result = TextInputs(texts, pairs if any(given) else None)
     else:
-        result = TextInputs([line for line in read_lines(path) if line.strip()], None)
+        result = TextInputs([line for line in file_lines if line.strip()], None)
     if not result.texts:
         raise BertkitError(f"{path}: no texts in this file")
     return result

@@ -36,7 +36,7 @@ def models(tmp_path_factory, minilm_folder):
         init_weights(model, cfg)
         save_model(model, root / name, tokenizer=tok)
     data = root / "train.csv"
-    data.write_text("text,label\na good film,pos\na bad film,neg\n" * 3)
+    data.write_text("text,label\n" + "a good film,pos\na bad film,neg\n" * 3)
     assert main(["finetune", "classify", "--model", str(root / "tiny"), "--train", str(data), "--eval", str(data),
                  "--out", str(root / "classifier"), "--epochs", "1", "--max-len", "32"]) == 0
     big = root / "classifier_big_vocab"
@@ -44,7 +44,15 @@ def models(tmp_path_factory, minilm_folder):
     (big / "tokenizer.json").unlink()
     with (big / "vocab.txt").open("a") as f:
         f.write("".join(f"extratoken{i}\n" for i in range(5)))
-    return {name: root / name for name in ("tiny", "small_vocab", "tiny_mlm", "classifier", "classifier_big_vocab")}
+    # a damaged bertkit.json: no labels, labels as a string, a label more than the head has
+    for name, labels in (("classifier_no_labels", None), ("classifier_labels_str", "pos"),
+                         ("classifier_3_labels", ["neg", "pos", "meh"])):
+        shutil.copytree(root / "classifier", root / name)
+        info = json.loads((root / name / "bertkit.json").read_text())
+        info.pop("labels") if labels is None else info.update(labels=labels)
+        (root / name / "bertkit.json").write_text(json.dumps(info))
+    return {name: root / name for name in ("tiny", "small_vocab", "tiny_mlm", "classifier", "classifier_big_vocab",
+                                           "classifier_no_labels", "classifier_labels_str", "classifier_3_labels")}
 
 
 def _user_files(tmp: Path) -> None:
@@ -67,6 +75,8 @@ def _user_files(tmp: Path) -> None:
     (vocab / "tokenizer_config.json").write_text('{"do_lower_case": true}\n')
     (tmp / "a_file").write_text("not a folder\n")
     (tmp / "existing.npy").write_bytes(b"my vectors")
+    (tmp / "dup.csv").write_text("text,label,text\na,pos,b\n")
+    (tmp / "gap_label.csv").write_text("text,label\na,pos\n\nb,meh\n")
     (tmp / "surrogate.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "\\ud800", "label": "neg"}\n')
 
 
@@ -98,7 +108,7 @@ CASES = [
     ("encode-max-len", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/new.npy --max-len 513",
      f"--max-len 513 exceeds the model's limit of {LIMIT} positions"),
     ("predict-max-len-zero", "predict classify --model {classifier} --max-len 0 some text",
-     "--max-len must be an integer of at least 1, got 0"),
+     "--max-len must be an integer of at least 3 ([CLS], a token and [SEP]), got 0"),
     ("finetune-max-len", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
      "--out {tmp}/new --max-len 100", f"--max-len 100 exceeds the model's limit of {LIMIT} positions"),
     # 3. learning rate, epochs, batch size
@@ -218,6 +228,19 @@ CASES = [
     ("fill-mask-no-mlm-head", "fill-mask --model {tiny} a\x00[MASK]\x00here",
      "has no trained MLM head (no cls.predictions.* weights in model.safetensors): fill-mask would answer at random"),
     ("fill-mask-fine-tuned", "fill-mask --model {classifier} a\x00[MASK]\x00here", "has no trained MLM head"),
+    # 12. what a file or folder holds, named where it is
+    ("classify-column-twice", "evaluate classify --model {classifier} --data {tmp}/dup.csv",
+     "dup.csv, line 1: the header names column 'text' twice"),
+    ("classify-unknown-label-line", "evaluate classify --model {classifier} --data {tmp}/gap_label.csv",
+     "gap_label.csv, line 4: label 'meh' is not one the model knows"),
+    ("predict-max-len-1", "predict classify --model {classifier} --max-len 1 x",
+     "--max-len must be an integer of at least 3 ([CLS], a token and [SEP]), got 1"),
+    ("predict-no-labels", "predict classify --model {classifier_no_labels} x",
+     "bertkit.json: no 'labels' field, which the classify head is built from"),
+    ("predict-labels-string", "predict classify --model {classifier_labels_str} x",
+     "bertkit.json: 'labels' must be a list of strings or integers (two or more to classify), found \"pos\""),
+    ("predict-3-labels", "predict classify --model {classifier_3_labels} x",
+     "but bertkit.json describes one of (3, 32) (3 labels)"),
     ("fill-mask-truncated", "fill-mask --model {tiny_mlm} " + LONG_MASK.replace(" ", "\x00"),
      f"text 0: 1 of its 1 [MASK] token(s) lie past the model's limit: the text was truncated at {LIMIT} tokens"),
 ]
@@ -297,3 +320,42 @@ def test_predict_default_max_len_fits_a_short_model(models, capsys):
     assert task_max_len(task, model, None) == LIMIT
     assert main(["predict", "classify", "--model", str(folder), " ".join(["word"] * 200)]) == 0
     capsys.readouterr()
+
+
+def test_inputs_are_read_once_so_pipes_and_stdin_work(tmp_path, models):
+    """A named pipe hung (read once to check blank lines, then waited on for a second read) and
+    /dev/stdin came back as "no texts"."""
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "bertkit", "encode", "--model", str(models["tiny"]), "--output"]
+    r = subprocess.run([*cmd, str(tmp_path / "a.npy"), "--input", "/dev/stdin"], input="first text\nsecond\n",
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert np_rows(tmp_path / "a.npy") == 2
+    fifo = tmp_path / "texts.jsonl"
+    os.mkfifo(fifo)
+    p = subprocess.Popen([*cmd, str(tmp_path / "b.npy"), "--input", str(fifo)], stderr=subprocess.PIPE, text=True)
+    with open(fifo, "w") as f:
+        f.write('{"text": "first"}\n{"text": "second"}\n{"text": "third"}\n')
+    assert p.wait(timeout=120) == 0, p.stderr.read()
+    assert np_rows(tmp_path / "b.npy") == 3
+
+
+def np_rows(path) -> int:
+    import numpy as np
+    return len(np.load(path))
+
+
+def test_texts_after_a_double_dash_may_start_with_a_dash(models, capsys):
+    assert main(["predict", "classify", "--model", str(models["classifier"]), "--", "-5 stars", "--fine"]) == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["text"] for r in rows] == ["-5 stars", "--fine"]
+
+
+def test_classify_labels_that_only_look_like_numbers_are_strings(tmp_path, models, capsys):
+    """'--1' and '²' passed the digits test and then failed int() with a traceback."""
+    data = tmp_path / "train.csv"
+    data.write_text("text,label\n" + "a good film,--1\na bad film,\u00b2\n" * 3, encoding="utf-8")
+    assert main(["finetune", "classify", "--model", str(models["tiny"]), "--train", str(data), "--eval", str(data),
+                 "--out", str(tmp_path / "m"), "--epochs", "1", "--max-len", "16"]) == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "m" / "bertkit.json").read_text())["labels"] == ["--1", "\u00b2"]

@@ -233,11 +233,13 @@ def write(tmp_path, name, text):
 
 def test_read_classify_formats(tmp_path):
     csv_path = write(tmp_path, "a.csv", 'text,label\n"a good, long\nfilm",1\nbad,0\n')
-    assert readers.read_classify(csv_path) == [{"text": "a good, long\nfilm", "label": 1}, {"text": "bad", "label": 0}]
+    # each row with the line it starts on (for the errors about it later: an unknown label ...)
+    assert readers.read_classify(csv_path) == [{"text": "a good, long\nfilm", "label": 1, "line": 2},
+                                               {"text": "bad", "label": 0, "line": 4}]
     tsv = write(tmp_path, "a.tsv", "label\ttext\ttext_pair\tsource\npos\tHi.\tHello.\tx\n")
-    assert readers.read_classify(tsv) == [{"text": "Hi.", "text_pair": "Hello.", "label": "pos"}]
+    assert readers.read_classify(tsv) == [{"text": "Hi.", "text_pair": "Hello.", "label": "pos", "line": 2}]
     jl = write(tmp_path, "a.jsonl", '{"text": "x", "label": 2}\n\n{"text": "y", "label": 0, "extra": 1}\n')
-    assert readers.read_classify(jl) == [{"text": "x", "label": 2}, {"text": "y", "label": 0}]
+    assert readers.read_classify(jl) == [{"text": "x", "label": 2, "line": 1}, {"text": "y", "label": 0, "line": 3}]
 
 
 @pytest.mark.parametrize("name, content, message", [

@@ -545,3 +545,14 @@ def test_word_targets_are_read_as_the_tokenizer_reads_text(minilm_folder):
     labels = [f["labels"] for f in task.features(examples, tok, 16)]
     assert labels[:3] == [tok.token_to_id("cafe"), tok.token_to_id("naive"), tok.token_to_id("size")]
     assert labels[3] == -100
+
+
+def test_a_document_with_no_sentences_is_refused_by_name():
+    """predict summarize "" (or "   ") ended in an IndexError deep in the model."""
+    from bertkit.errors import BertkitError
+    from bertkit.tasks.summarize import SummarizeTask
+    task = SummarizeTask({})
+    assert len(task.read_inputs(texts=["One. Two."])[0]["sentences"]) == 2
+    for texts in ([""], ["A cat sat.", "   "]):
+        with pytest.raises(BertkitError, match=f"text {len(texts)}: no sentences"):
+            task.read_inputs(texts=texts)

@@ -58,10 +58,14 @@ def _inputs(path):
             for t, p in zip(got.texts, got.pairs or [None] * len(got.texts))]
 
 
+def _classify(path):  # the records without their line numbers
+    return [{k: v for k, v in r.items() if k != "line"} for r in read_classify(path)]
+
+
 READERS: dict[str, tuple[Callable, str]] = {   # name -> (reader, file name)
-    "classify_csv": (read_classify, "data.csv"),
-    "classify_tsv": (read_classify, "data.tsv"),
-    "classify_jsonl": (read_classify, "data.jsonl"),
+    "classify_csv": (_classify, "data.csv"),
+    "classify_tsv": (_classify, "data.tsv"),
+    "classify_jsonl": (_classify, "data.jsonl"),
     "conll": (read_conll, "data.conll"),
     "squad": (read_squad, "data.json"),
     "summarize": (read_summarize, "data.jsonl"),

@@ -332,3 +332,11 @@ def test_answers_keep_a_decomposed_accent_on_their_last_letter(tok):
         start[w, first], end[w, last] = 10.0, 10.0
     answers = [p["answer"] for p in task.decode([(start, end)], feats, exs)]
     assert answers == [word, "Un cafe\u0301\u0300"]
+
+
+def test_a_squad_file_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Every other reader drops a leading BOM; SQuAD's said "not valid JSON (Unexpected UTF-8 BOM)"."""
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + SQUAD.read_bytes())
+    assert read_squad(path) == read_squad(SQUAD)
+

@@ -55,6 +55,9 @@ def _table_rows(path: Path, required: tuple[str, ...], headerless: tuple[str, ..
         if header is None:
             columns = [c.strip() for c in fields]
             if all(c in columns for c in required):
+                twice = next((c for i, c in enumerate(columns) if c and c in columns[:i]), None)
+                if twice is not None:  # dict(zip(...)) would keep the last column of the name alone
+                    raise BertkitError(f"{path}, line {start}: the header names column {twice!r} twice")
                 header = columns
                 continue
             # a first row naming a column is a header, even a broken one (`text,wor` of a file cut
@@ -79,13 +82,14 @@ def _nonempty_string(path, lineno, row: dict, key: str) -> str:
 
 
 def read_classify(path: str | Path) -> list[dict]:
-    """Rows {"text", "label"} (and "text_pair" where the file has it) of a CSV, TSV or JSONL file.
+    """Rows {"text", "label", "line"} (and "text_pair" where the file has it) of a CSV, TSV or
+    JSONL file, "line" the row's line number.
     A label is a string or an int; a table's labels become ints when all of them are integers
     as an int prints them ("01" stays a string: its int would print as "1")."""
     path = Path(path)
     rows, has_pair, kinds = [], None, {}
     for lineno, row in _table_rows(path, ("text", "label")):
-        example = {"text": _nonempty_string(path, lineno, row, "text")}
+        example = {"text": _nonempty_string(path, lineno, row, "text"), "line": lineno}  # for later errors
         pair = "text_pair" in row and row["text_pair"] is not None
         if has_pair is None:
             has_pair = pair

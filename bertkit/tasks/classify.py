@@ -8,6 +8,8 @@ an MLP head (hidden layer, ReLU, dropout) with `head = "mlp"`.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -68,7 +70,7 @@ class ClassifyTask(Task):
             base = self.info.get("base_model")
             self.info["pooling"] = (folder_pooling(base) if base else None) or "pooler"
         labels = sorted({r["label"] for r in train})
-        if all(lab.lstrip("-").isdigit() for lab in labels):
+        if all(re.fullmatch(r"-?[0-9]+", lab) for lab in labels):  # numbers in their order ("²".isdigit() too)
             labels.sort(key=int)
         if len(labels) < 2:
             raise BertkitError(f"classification needs at least two labels in the training data, found {labels}")

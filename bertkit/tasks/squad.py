@@ -41,7 +41,7 @@ _KINDS = {str: "a string", int: "an integer", list: "a list", dict: "an object",
 def read_squad(path: str | Path) -> list[QAExample]:
     """All questions of a SQuAD v1.1 / v2.0 JSON file, every answer checked against its context."""
     path = Path(path)
-    doc = parse_json(read_text(path), str(path))
+    doc = parse_json(read_text(path).removeprefix("\ufeff"), str(path))  # a byte-order mark, as other readers allow
 
     def get(obj, key, where, kind, default=...):
         if not isinstance(obj, dict):

@@ -12,6 +12,7 @@ import sys
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import BertkitError
 from .base import Task, bert_inputs, int_at_least, pad, probability
 
 
@@ -39,7 +40,12 @@ class SummarizeTask(Task):
         if path is not None:
             from ..inputs import read_single_texts
             texts = read_single_texts(path, self.name)
-        return [{"sentences": split_sentences(t), "labels": None} for t in texts]
+        docs = [split_sentences(t) for t in texts]
+        for i, sentences in enumerate(docs):
+            if not sentences:  # nothing to score: a summary of it would be an error deep in the model
+                raise BertkitError(f"{path}, line {i + 1}: no sentences in the text" if path is not None else
+                                   f"text {i + 1}: no sentences in {texts[i][:40]!r}")
+        return [{"sentences": sentences, "labels": None} for sentences in docs]
 
     def features(self, examples, tokenizer, max_len):
         feats, cut = [], 0
