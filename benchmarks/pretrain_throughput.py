@@ -42,6 +42,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 import bertkit.model
@@ -210,8 +211,9 @@ def d2l_step(model, opt, batch, bf16=False):
 
 
 def count_flops(step, model, opt, batch) -> int:
-    # on F.linear: FlopCounterMode counts aten's matmuls, not oneDNN's kernel (the same FLOPs)
-    with mkl_linear(), FlopCounterMode(display=False) as counter:
+    # on F.linear and SDPA's math path: FlopCounterMode counts aten's matmuls, not oneDNN's
+    # kernel nor SDPA's fused CPU kernel (the same FLOPs; the fused kernel counted as 0 before)
+    with mkl_linear(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         step(model, opt, batch)
     return counter.get_total_flops()
 
@@ -329,7 +331,9 @@ def main():
     if args.only:
         for name, r in rows.items():
             print(f"{name}: {r['step_s']:.3f} s/step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
-                  f"{r['page_faults_per_step']:.0f} page faults")
+                  f"{r['page_faults_per_step']:.0f} page faults, {r['gflop_per_step']:.1f} GFLOP, "
+                  f"{r['achieved_gflop_s']:.1f} GFLOP/s, MFU {r['share_of_matmul_peak']:.0%} of {peak:.0f}")
+        print(f"fp32 matmul peak: mm {mm_peak:.0f}, oneDNN {onednn_peak or 0:.0f} GFLOP/s")
         return
     speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
     result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
