@@ -599,6 +599,14 @@ def test_a_body_of_many_bad_items_gets_one_short_422(tiny_bert):
         assert r.status_code == 422 and r.json()["error"] == "body: invalid JSON at character 17 (Extra data)"
         r = c.post("/encode", content=b'{"texts": ["a"]}', headers={"content-type": "text/plain"})
         assert r.status_code == 422 and "Content-Type: application/json" in r.json()["error"], r.text
+        # bodies FastAPI cannot parse were a 400 naming Python's exception; a compressed one is a 415
+        import gzip
+        for body, words in ((b'{"texts": ["\xff"]}', "not UTF-8 text"), (b"[" * 5000 + b"]" * 5000, "nested too deeply")):
+            r = c.post("/encode", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 422 and r.json()["error"] == f"body: not valid JSON ({words})", r.text
+        r = c.post("/encode", content=gzip.compress(b'{"texts": ["a"]}'),
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert r.status_code == 415 and "Content-Encoding 'gzip'" in r.json()["error"], r.text
 
 
 def test_texts_with_no_tokens_are_refused_like_empty_texts(tiny_bert, classifier):

@@ -463,6 +463,10 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     @app.exception_handler(HTTPException)  # starlette's and FastAPI's own: 404, 405, a body that does not parse
     async def http_error(request: Request, e: HTTPException):
         cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+        if e.status_code == 400 and e.__cause__ is not None:  # a body FastAPI could not parse: as bad JSON is
+            why = ("not UTF-8 text" if isinstance(e.__cause__, UnicodeDecodeError) else
+                   "nested too deeply" if isinstance(e.__cause__, RecursionError) else str(e.__cause__)[:200])
+            return ErrorResponse({"error": f"body: not valid JSON ({why})"}, status_code=422)
         return ErrorResponse({"error": f"{request.method} {request.url.path}: {e.detail}{cause}", "detail": e.detail},
                              status_code=e.status_code, headers=e.headers)
 
@@ -664,9 +668,14 @@ class _BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
             return await self._refuse(send, declared.decode("latin-1"))
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"identity", b""):  # a gzip body would be read as bytes that are not JSON
+            return await self._answer(send, 415, f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted: "
+                                                 "send the body uncompressed")
         seen, exceeded, started = 0, False, False
 
         async def limited_receive():
@@ -698,9 +707,13 @@ class _BodyLimit:
                 await self._refuse(send, f"more than {self.max_bytes}")
 
     async def _refuse(self, send, size: str):
-        body = json.dumps({"error": f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
-                                    "(--max-body-bytes)"}).encode()
-        await send({"type": "http.response.start", "status": 413,
+        await self._answer(send, 413, f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
+                                      "(--max-body-bytes)")
+
+    @staticmethod
+    async def _answer(send, status: int, error: str):
+        body = json.dumps({"error": error}).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
 
