@@ -723,3 +723,18 @@ def test_held_out_nsp_is_reported_with_its_majority_label_baseline():
                         "nsp_labels": torch.tensor(nsp)})
     result = evaluate(model, batches, torch.device("cpu"), mask_id=4)
     assert result["eval_nsp_majority_acc"] == 6 / 8 and result["eval_pairs"] == 8
+
+
+def test_a_resumption_with_more_steps_says_the_schedule_changes(tmp_path, wiki_excerpt, vocab, capfd):
+    """--steps and --budget may change on --resume (a run extended), but the lr then follows
+    another schedule than the one the run started on: said, not done silently."""
+    out = tmp_path / "r"
+    with pytest.raises(Stop):
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=6), on_step=_stop_at(3))
+    capfd.readouterr()
+    pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=8, resume=True, progress=True))
+    assert "the schedule changes on resumption: steps 6 before, steps 8 now" in capfd.readouterr().err
+    pretrain(_cfg(wiki_excerpt, tmp_path / "same", vocab=str(vocab), steps=4, save_every=2), on_step=None)
+    capfd.readouterr()
+    pretrain(_cfg(wiki_excerpt, tmp_path / "same", vocab=str(vocab), steps=4, resume=True, progress=True))
+    assert "schedule changes" not in capfd.readouterr().err

@@ -634,6 +634,12 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         lr_scale = state.get("lr_scale", 1.0)
         log(f"resuming {out} at step {step} (phase {phase}, epoch {position.epoch}, batch {position.batch}"
             + (f", {elapsed0:.0f} s of the {cfg.budget:.0f} s budget spent)" if cfg.budget else ")"))
+        # a longer (or shorter) run is allowed, but its learning rate schedule is no longer the one it ran on
+        before = ("budget", state["budget"]) if state.get("budget") else ("steps", state.get("steps"))
+        now_is = ("budget", cfg.budget) if cfg.budget else ("steps", cfg.steps)
+        if "schedule_end" in state and before != now_is:
+            log(f"the schedule changes on resumption: {before[0]} {before[1]:g} before, {now_is[0]} {now_is[1]:g} "
+                "now; the learning rate follows the new one from here")
     metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
     if main and ckpt is not None:
         write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
@@ -782,7 +788,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 if main:
                     t_save = time.perf_counter()
                     _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale,
-                          rng, {"budget": cfg.budget, "schedule_end": end, "step_s": step_s, "eval_s": eval_s,
+                          rng, {"budget": cfg.budget, "steps": cfg.steps, "schedule_end": end, "step_s": step_s, "eval_s": eval_s,
                                 "save_s": save_s})
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
