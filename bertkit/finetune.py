@@ -490,6 +490,10 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
     metrics_log = MetricsLog(out, resume_step=step if ckpt is not None else None) if main else None
+    if main and ckpt is not None and batch_index:
+        # a checkpoint inside its epoch (save_every can land on the epoch's last step): the epoch's
+        # evaluation, if it ran before the crash, runs again
+        metrics_log.drop_records(lambda r: "eval_loss" in r and r.get("epoch") == epoch)
     # a task's model may leave parameters out of its loss (the pooler under mean pooling)
     net = procs.wrap(_Step(task, model), find_unused_parameters=True)
     elapsed = lambda: elapsed0 + time.perf_counter() - clock  # noqa: E731 (a budget's clock)

@@ -375,3 +375,33 @@ def test_finetune_precision_runs_the_steps_in_bf16_and_evaluates_in_fp32(tmp_pat
     from bertkit.finetune import FinetuneConfig
     with pytest.raises(BertkitError, match="--precision must be one of auto, fp32, bf16, got 'fp16'"):
         FinetuneConfig(task="classify", model=str(tiny), train="t", eval="e", out="o", precision="fp16")
+
+
+def test_an_epochs_evaluation_run_again_after_a_resume_is_logged_once(tmp_path, tiny, data, monkeypatch, capsys):
+    """--save-every can land on an epoch's last step: that checkpoint is inside the epoch, so a
+    crash after the epoch's evaluation and before its end's checkpoint re-runs the evaluation on
+    --resume, and metrics.jsonl had it twice."""
+    import bertkit.finetune as ft
+
+    class Stop(Exception):
+        pass
+    real = ft.finetune
+
+    def at_step_8(step, model):
+        if step == 8:
+            raise Stop
+
+    def stop_after_step_8(cfg, on_step=None):
+        return real(cfg, on_step=at_step_8)
+    out = tmp_path / "ft"
+    monkeypatch.setattr(ft, "finetune", stop_after_step_8)
+    with pytest.raises(Stop):  # 64 examples in batches of 8: step 8 ends epoch 1, and saves
+        main(_args(tiny, data, out, "--epochs", "1"))
+    monkeypatch.setattr(ft, "finetune", real)
+    state = json.loads((out / "checkpoints" / "step_0000008" / "trainer.json").read_text())
+    assert (state["epoch"], state["batch"]) == (1, 8)
+    with (out / "metrics.jsonl").open("a") as f:  # the evaluation that ran before the crash
+        f.write(json.dumps({"step": 8, "epoch": 1, "eval_loss": 0.7, "eval_accuracy": 0.5}) + "\n")
+    assert main(_args(tiny, data, out, "--epochs", "1", "--resume")) == 0
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in r]
+    assert [r["epoch"] for r in evals] == [1] and evals[0]["eval_loss"] != 0.7

@@ -23,6 +23,16 @@ class MetricsLog:
         keep = [line for line in self.path.read_text().splitlines() if _step(line) <= step]
         self.path.write_text("".join(line + "\n" for line in keep))
 
+    def drop_records(self, unwanted) -> None:
+        """Drop the records for which unwanted(record) is true (and any torn line)."""
+        def keep(line: str) -> bool:
+            try:
+                return not unwanted(json.loads(line))
+            except ValueError:
+                return False
+        lines = [line for line in self.path.read_text().splitlines() if line.strip() and keep(line)]
+        self.path.write_text("".join(line + "\n" for line in lines))
+
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
