@@ -556,3 +556,14 @@ def test_a_document_with_no_sentences_is_refused_by_name():
     for texts in ([""], ["A cat sat.", "   "]):
         with pytest.raises(BertkitError, match=f"text {len(texts)}: no sentences"):
             task.read_inputs(texts=texts)
+
+
+def test_ner_metrics_with_no_entity_predicted_are_zero_without_a_warning():
+    """seqeval's "Precision is ill-defined" warning reached the user of evaluate and finetune."""
+    import warnings
+
+    from bertkit.tasks.ner import NerTask
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores = NerTask({}).metrics([["O", "O"]], [{"tags": ["B-PER", "O"]}])
+    assert (scores["precision"], scores["recall"], scores["f1"], scores["token_accuracy"]) == (0, 0, 0, 0.5)

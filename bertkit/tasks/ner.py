@@ -227,8 +227,10 @@ class NerTask(Task):
     def metrics(self, predictions, examples):
         from seqeval.metrics import f1_score, precision_score, recall_score
         gold = [ex["tags"] for ex in examples]
-        return {"precision": precision_score(gold, predictions), "recall": recall_score(gold, predictions),
-                "f1": f1_score(gold, predictions), "sentences": len(gold),
+        # no entity predicted (or none in gold): 0, seqeval's value, without its warning to the user
+        score = lambda metric: metric(gold, predictions, zero_division=0)  # noqa: E731
+        return {"precision": score(precision_score), "recall": score(recall_score),
+                "f1": score(f1_score), "sentences": len(gold),
                 "token_accuracy": sum(p == g for ps, gs in zip(predictions, gold) for p, g in zip(ps, gs))
                 / max(1, sum(len(g) for g in gold))}
 
