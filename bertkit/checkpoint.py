@@ -147,7 +147,7 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     used: set[str] = set(HF_DERIVED)
     state = {}
     for ours, theirs in wanted.items():
-        if ours.startswith(("mlm.", "nsp.")) and not heads or ours.startswith(tuple(absent)):
+        if (ours.startswith(("mlm.", "nsp.")) and not heads) or ours.startswith(tuple(absent)):
             continue
         missing = [t for t in theirs if t not in hf]
         if missing:

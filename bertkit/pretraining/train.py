@@ -680,8 +680,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                disable=not (cfg.progress and main), dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
     # where the budget's schedule ends, and the times it leaves room for: a resumed run goes on
-    # with them (from the full budget again, its lr rose until the first evaluation and save)
-    # (a resumption with another budget, or steps, starts its schedule's end afresh)
+    # with them (from the full budget again, its lr rose until the first evaluation and save);
+    # a resumption with another budget, or with steps, starts them afresh
     resumed = state if ckpt is not None and state.get("budget") == cfg.budget else {}
     end = resumed.get("schedule_end", cfg.budget)
     step_s, eval_s, save_s = (resumed.get(k, 0.0) for k in ("step_s", "eval_s", "save_s"))
@@ -788,8 +788,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 if main:
                     t_save = time.perf_counter()
                     _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale,
-                          rng, {"budget": cfg.budget, "steps": cfg.steps, "schedule_end": end, "step_s": step_s, "eval_s": eval_s,
-                                "save_s": save_s})
+                          rng, {"budget": cfg.budget, "steps": cfg.steps, "schedule_end": end, "step_s": step_s,
+                                "eval_s": eval_s, "save_s": save_s})
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
             if interrupted:
