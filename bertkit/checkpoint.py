@@ -179,6 +179,11 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     if new and not quiet:
         print(f"bertkit: {folder} has no {' and no '.join(n.split(' (')[0].removeprefix('the ') for n in new)}; "
               f"initialised {'; '.join(new)}", file=sys.stderr)
+    decoder = hf.get("cls.predictions.decoder.weight")
+    if heads and "mlm." not in absent and decoder is not None and not torch.equal(
+            decoder.to(state["bert.embeddings.word.weight"].dtype), state["bert.embeddings.word.weight"]):
+        raise BertkitError(f"{folder / WEIGHTS}: its MLM decoder (cls.predictions.decoder.weight) is not the word "
+                           "embeddings; bertkit ties the two, as BERT does, so its logits would differ")
     stray = sorted((k for k in hf if k not in used and k.startswith("bert.encoder.layer.")),
                    key=lambda k: int(k.split(".")[3]) if k.split(".")[3].isdigit() else 0)
     if stray:  # a config.json with fewer layers than the file: the rest would be dropped unseen
@@ -215,7 +220,7 @@ def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | N
     atomic_write(folder / WEIGHTS, lambda p: save_file(hf, p, metadata={"format": "pt"}))
     atomic_write(folder / "config.json", lambda p: Path(p).write_text(json.dumps(config, indent=2) + "\n"))
     if tokenizer is not None:
-        tokenizer.save(folder)
+        tokenizer.save(folder, model_max_length=cfg.max_position_embeddings)
     if bertkit_info is not None:
         atomic_write(folder / "bertkit.json",
                      lambda p: Path(p).write_text(json.dumps(bertkit_info, indent=2) + "\n"))

@@ -500,7 +500,7 @@ class BertForPreTraining(nn.Module):
             mlm_predictions = None
             loss = mlm_loss
         else:
-            mlm_logits = self.mlm(picked.reshape(B * P, H)).view(B, P, -1)              # (B, P, V)
+            mlm_logits = self.mlm(picked.reshape(B * P, H)).view(B, P, self.config.vocab_size)  # (B, P, V)
             mlm_predictions = mlm_logits.argmax(-1)
             mlm_correct = None
             if mlm_labels is not None:

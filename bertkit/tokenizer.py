@@ -198,6 +198,8 @@ class WordPieceTokenizer:
     def train(cls, texts: Iterable[str], vocab_size: int, lowercase: bool = True,
               min_frequency: int = 2) -> "WordPieceTokenizer":
         """A new WordPiece vocabulary learned from `texts` (an iterator of strings)."""
+        if isinstance(texts, str):  # a vocabulary of its characters
+            raise BertkitError("texts must be an iterable of strings, not one string")
         if vocab_size < len(SPECIAL_TOKENS) + 1:
             raise BertkitError(f"--vocab-size {vocab_size} is too small: at least {len(SPECIAL_TOKENS) + 1} "
                                f"(the {len(SPECIAL_TOKENS)} special tokens and one more)")
@@ -215,20 +217,27 @@ class WordPieceTokenizer:
         _set_post_processor(tok)
         return cls(tok, lowercase)
 
-    def save(self, folder: str | Path) -> None:
+    def save(self, folder: str | Path, model_max_length: int | None = None) -> None:
         """Write tokenizer.json, vocab.txt (ids in line order) and HF's tokenizer_config.json
-        into `folder` (made if missing)."""
+        into `folder` (made if missing); model_max_length: the model's positions, for HF's
+        tokenizer to truncate at."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         vocab = sorted(self.tok.get_vocab().items(), key=lambda kv: kv[1])
+        # without the truncation and padding encode() last set: a reader of tokenizer.json alone
+        # (`tokenizers`, Rust, JS) would cut every text at that length
+        clean = Tokenizer.from_str(self.tok.to_str())
+        clean.no_truncation()
+        clean.no_padding()
         files = {
-            "tokenizer.json": self.tok.to_str(),
+            "tokenizer.json": clean.to_str(),
             "vocab.txt": "".join(t + "\n" for t, _ in vocab),
             "tokenizer_config.json": json.dumps({
                 "tokenizer_class": "BertTokenizer", "do_lower_case": self.lowercase,
                 **_normalizer_settings(self.tok),
                 "unk_token": UNK, "sep_token": SEP, "pad_token": PAD, "cls_token": CLS,
-                "mask_token": MASK}, indent=2) + "\n",
+                "mask_token": MASK,
+                **({"model_max_length": model_max_length} if model_max_length else {})}, indent=2) + "\n",
         }
         for name, text in files.items():
             atomic_write(folder / name, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
@@ -263,6 +272,9 @@ class WordPieceTokenizer:
     def encode_unpadded(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
                         max_len: int = 512, truncation: bool = True) -> list[Encoding]:
         """One `tokenizers.Encoding` per text (or pair), unpadded; see `encode`."""
+        for name, given in (("texts", texts), ("pairs", pairs)):
+            if isinstance(given, str):  # list("a text") would be one text per character
+                raise BertkitError(f"{name} must be a list of strings, not one string: [{given[:20]!r}...]")
         texts = list(texts)
         if not texts:
             raise BertkitError("no texts to encode (the list is empty)")

@@ -193,3 +193,19 @@ def test_checkpoints_are_kept_and_found_by_step_number_past_seven_digits(tmp_pat
         save_checkpoint(tmp_path, step, write, {}, {"step": step}, keep=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10000000", "step_10000001"]
     assert latest_checkpoint(tmp_path).name == "step_10000001"
+
+
+def test_an_untied_mlm_decoder_is_refused_not_replaced(tmp_path):
+    """bertkit ties the MLM decoder to the word embeddings; a file whose decoder differs loaded
+    without a word and its logits were off by up to 29."""
+    from transformers import BertForMaskedLM
+    cfg = hf_tester_config()
+    hf_cfg = _hf_config(cfg)
+    hf_cfg.tie_word_embeddings = False
+    theirs = BertForMaskedLM(hf_cfg)
+    with torch.no_grad():
+        theirs.cls.predictions.decoder.weight.normal_()
+    theirs.save_pretrained(tmp_path / "untied")
+    with pytest.raises(BertkitError, match="MLM decoder .* is not the word embeddings"):
+        load_model(tmp_path / "untied")
+    assert load_model(tmp_path / "untied", heads=False)[0] is not None  # the encoder alone is fine

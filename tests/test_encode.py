@@ -293,3 +293,17 @@ def test_non_finite_vectors_are_an_error_not_a_result(tmp_path, minilm_folder, c
     err, out = _encode_fails(folder, tmp_path, capsys)
     assert err.count("\n") == 1 and "2 of 5 output row(s) are not finite" in err
     assert not out.exists()
+
+
+def test_an_encoder_takes_the_model_load_model_gives_by_default(minilm_folder):
+    """load_model returns BertForPreTraining unless heads=False: Encoder(model, tok) failed on
+    its first batch (mlm_positions missing)."""
+    from bertkit import load_model
+    from bertkit.checkpoint import load_tokenizer
+    model, _ = load_model(minilm_folder, quiet=True)
+    body, _ = load_model(minilm_folder, heads=False)
+    tok = load_tokenizer(minilm_folder)
+    np.testing.assert_array_equal(Encoder(model, tok, device="cpu").encode(SENTENCES[:3]),
+                                  Encoder(body, tok, device="cpu").encode(SENTENCES[:3]))
+    with pytest.raises(BertkitError, match="not one string"):
+        Encoder(body, tok, device="cpu").encode("one text")

@@ -537,3 +537,13 @@ def test_minilm_encodes_the_same_vectors_through_onednn(monkeypatch, minilm_fold
     assert "mkldnn._linear_pointwise" in ops and "aten.addmm" not in ops
     assert "aten.gelu" not in ops  # fused into the feed-forward's first linear layer
     assert abs(fast - plain).max() < 1e-5
+
+
+def test_pretraining_forward_with_no_mlm_positions_gives_empty_logits():
+    """NSP alone (no slot to predict) failed to reshape its 0 logits."""
+    cfg = hf_tester_config()
+    model = BertForPreTraining(cfg).eval()
+    ids = torch.randint(5, cfg.vocab_size, (2, 7))
+    with torch.no_grad():
+        out = model(ids, mlm_positions=torch.zeros(2, 0, dtype=torch.long))
+    assert out.mlm_logits.shape == (2, 0, cfg.vocab_size) and out.nsp_logits.shape == (2, 2)

@@ -302,3 +302,34 @@ def test_casing_is_read_from_the_folder_and_said_when_guessed(tmp_path, minilm_f
     again = WordPieceTokenizer.from_folder(tmp_path / "json")
     assert not again.lowercase and again.tokenize("The Paris") == ["The", "Paris"]
     assert "treating" not in capsys.readouterr().err
+
+
+def test_one_string_for_a_list_is_refused_not_read_as_characters(minilm_folder):
+    """encode("hello world") gave 11 vectors, one per character, and train("...") a vocabulary
+    of its characters."""
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    with pytest.raises(BertkitError, match="texts must be a list of strings, not one string"):
+        tok.encode("hello world")
+    with pytest.raises(BertkitError, match="pairs must be a list of strings"):
+        tok.encode(["a", "b", "c"], "xyz")
+    with pytest.raises(BertkitError, match="not one string"):
+        WordPieceTokenizer.train("hello world hello world", vocab_size=50)
+
+
+def test_a_saved_tokenizer_does_not_truncate_and_tells_hf_the_models_length(tmp_path, minilm_folder):
+    """tokenizer.json kept the truncation of the last encode() (a fine-tuned folder's cut every
+    text at 128 for any reader of tokenizer.json alone), and HF's tokenizer had no
+    model_max_length, so it did not truncate for the model."""
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    from bertkit import load_model, save_model
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+    with pytest.warns(UserWarning, match="truncated"):
+        tok.encode(["word " * 300], max_len=128)  # truncation set on the shared tokenizer
+    model, _ = load_model(minilm_folder, heads=False)
+    save_model(model, tmp_path / "saved", tokenizer=tok)
+    assert len(Tokenizer.from_file(str(tmp_path / "saved" / "tokenizer.json")).encode("word " * 300).ids) == 302
+    hf = AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
+    assert hf.model_max_length == 512
+    assert len(hf("word " * 1000, truncation=True)["input_ids"]) == 512

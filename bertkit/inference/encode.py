@@ -146,6 +146,9 @@ class Encoder:
             import torch
             self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
             precision_context(self.device, precision)  # fails now on an unknown name, not at the first batch
+            from ..model import BertForPreTraining
+            if isinstance(model, BertForPreTraining):  # what load_model gives by default: its encoder
+                model = model.bert
             self.model = model.to(self.device).eval()
         self.precision = precision
         self.tokenizer = tokenizer
