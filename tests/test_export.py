@@ -180,3 +180,44 @@ def _assert_onnx_file_equals_pytorch(path, folder, texts, pairs=None):
     keep = batch.attention_mask.bool().numpy()
     np.testing.assert_allclose(sequence[keep], ref.sequence_output.numpy()[keep], atol=1e-4)
     np.testing.assert_allclose(pooled, ref.pooled_output.numpy(), atol=1e-4)
+
+
+def test_an_export_is_refused_once_its_weights_change_and_never_leaves_stale_files(tmp_path, tiny_bert, exported,
+                                                                                    capsys):
+    """A folder fine-tuned again over an export kept running the old model.onnx and head.onnx (a
+    label dropped without a word); export --overwrite left the last export's int8 file; --out
+    inside the model folder copied the folder into itself."""
+    import shutil
+
+    from bertkit import load_model, save_model
+    txt = tmp_path / "in.txt"
+    txt.write_text("\n".join(SENTENCES) + "\n")
+    encode = lambda folder, name: main(["encode", "--model", str(folder), "--input", str(txt), "--output",  # noqa: E731
+                                        str(tmp_path / name), "--backend", "onnx"])
+    copied = tmp_path / "copied"
+    shutil.copytree(exported, copied, copy_function=shutil.copy)  # new mtimes, the same bytes: hashed, accepted
+    assert encode(copied, "a.npy") == 0
+    model, _ = load_model(copied, heads=False)
+    with torch.no_grad():
+        model.embeddings.word.weight.mul_(2)
+    save_model(model, copied)  # new weights beside the old model.onnx
+    capsys.readouterr()
+    assert encode(copied, "b.npy") == 2
+    assert "exported from another model.safetensors" in capsys.readouterr().err
+    assert main(["export", "--model", str(tiny_bert), "--out", str(copied), "--overwrite"]) == 0  # no --int8 now
+    assert not (copied / "model.int8.onnx").exists() and encode(copied, "c.npy") == 0
+    capsys.readouterr()
+    assert main(["export", "--model", str(copied), "--out", str(copied / "onnx")]) == 2
+    assert "is inside the model folder" in capsys.readouterr().err and not (copied / "onnx").exists()
+
+
+def test_a_fine_tuned_folder_whose_head_cannot_load_writes_nothing(tmp_path, tiny_bert, capsys):
+    """The head was read after the copy and the encoder's export: the half-made --out then
+    served as an export and refused the retry as not empty."""
+    import shutil
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_bert, broken)
+    (broken / "bertkit.json").write_text(json.dumps({"task": "classify", "labels": ["a", "b"]}))  # no head tensors
+    assert main(["export", "--model", str(broken), "--out", str(tmp_path / "out")]) == 2
+    assert "head's tensor 'classifier.weight' is missing" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

@@ -17,7 +17,8 @@ from torch import nn
 
 from ..errors import BertkitError
 from ..model import BertModel, BertOutput, gather_rows
-from .onnx_runtime import HEAD_ONNX, INPUTS, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session
+from .onnx_runtime import (HEAD_ONNX, INPUTS, MANIFEST, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session,
+                           source_files)
 
 SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model
 
@@ -129,20 +130,26 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
     out = check_output_folder(out, overwrite)
     if out.resolve() == folder.resolve():
         raise BertkitError(f"--out {out} is the model folder itself; give a new folder")
+    if folder.resolve() in out.resolve().parents:  # the copy would go into itself, deeper at each run
+        raise BertkitError(f"--out {out} is inside the model folder {folder}; give a folder outside it")
     tokenizer = load_tokenizer(folder)
     bert, _ = load_model(folder, heads=False, quiet=True)
     bert.eval()
+    from ..finetune import fine_tuned_task, load_task_model
+    # a fine-tuned folder's head is read before anything is written: a damaged one left a
+    # half-made --out behind, which then refused the retry
+    task, task_model, _ = load_task_model(folder, device="cpu") if fine_tuned_task(folder) else (None, None, None)
     out.mkdir(parents=True, exist_ok=True)
+    for name in (ONNX, ONNX_INT8, HEAD_ONNX, MANIFEST):  # an earlier export's (--overwrite): never left stale
+        (out / name).unlink(missing_ok=True)
     for f in folder.iterdir():  # the folder's files and sub-folders (a sentence-transformers pooling config)
-        if f.is_file() and f.name not in (ONNX, ONNX_INT8, HEAD_ONNX):
+        if f.is_file() and f.name not in (ONNX, ONNX_INT8, HEAD_ONNX, MANIFEST):
             shutil.copy2(f, out / f.name)
         elif f.is_dir() and f.name not in SKIP_FOLDERS:
             shutil.copytree(f, out / f.name, dirs_exist_ok=True)
     export_onnx(bert, out / ONNX)
     report = {"onnx": str(out / ONNX), "max_abs_diff": check_parity(bert, tokenizer, out / ONNX)}
-    from ..finetune import fine_tuned_task, load_task_model
-    if fine_tuned_task(folder):
-        task, task_model, _ = load_task_model(folder, device="cpu")
+    if task is not None:
         export_head(task.name, task_model.head, bert.config.hidden_size, out / HEAD_ONNX)
         report["head"] = str(out / HEAD_ONNX)
         x = torch.randn((3, bert.config.hidden_size) if HEAD_INPUT_DIMS[task.name] == 2
@@ -156,6 +163,8 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
         quantize_int8(out / ONNX, out / ONNX_INT8)
         report["int8"] = str(out / ONNX_INT8)
         report["int8_max_abs_diff"] = check_parity(bert, tokenizer, out / ONNX_INT8)
+    import json
+    (out / MANIFEST).write_text(json.dumps({"files": source_files(out)}, indent=2) + "\n")
     return report
 
 

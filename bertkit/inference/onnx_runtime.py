@@ -13,6 +13,46 @@ from ..errors import BertkitError
 ONNX = "model.onnx"
 ONNX_INT8 = "model.int8.onnx"
 HEAD_ONNX = "head.onnx"
+MANIFEST = "onnx.json"  # what the ONNX files were exported from
+EXPORTED_FROM = ("model.safetensors", "config.json", "bertkit.json")
+
+
+def _digest(path: Path) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_files(folder: Path) -> dict:
+    """Size, mtime and sha256 of the files an export is made from (the ones the folder has)."""
+    return {name: {"bytes": (folder / name).stat().st_size, "mtime_ns": (folder / name).stat().st_mtime_ns,
+                   "sha256": _digest(folder / name)} for name in EXPORTED_FROM if (folder / name).is_file()}
+
+
+def check_export_is_current(folder: Path) -> None:
+    """The folder's ONNX files were exported from its present weights and config, or an error:
+    a folder fine-tuned again over an export kept running the old encoder and head. A file with
+    the size and mtime of the export is taken as it (no hashing at start-up); a copied one is
+    hashed. Folders exported before the manifest are not checked."""
+    import json
+    path = folder / MANIFEST
+    if not path.is_file():
+        return
+    try:
+        recorded = json.loads(path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise BertkitError(f"{path}: unreadable; run `bertkit export` again") from None
+    for name in set(recorded) | {n for n in EXPORTED_FROM if (folder / n).is_file()}:
+        f, want = folder / name, recorded.get(name)
+        stat = f.stat() if f.is_file() else None
+        same = (want is not None and stat is not None and stat.st_size == want["bytes"]
+                and (stat.st_mtime_ns == want["mtime_ns"] or _digest(f) == want["sha256"]))
+        if not same:
+            raise BertkitError(f"{folder}: its ONNX files were exported from another {name} (changed since the "
+                               "export); run `bertkit export` again")
 INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUTS = ("sequence_output", "pooled_output")
 
@@ -39,6 +79,10 @@ class OnnxEncoder:
     def __init__(self, path: str | Path, config: BertConfig):
         self.session = open_session(path)
         self.config = config
+        hidden = self.session.get_outputs()[0].shape[-1]
+        if isinstance(hidden, int) and hidden != config.hidden_size:
+            raise BertkitError(f"{path}: gives vectors of {hidden}, but config.json says hidden_size "
+                               f"{config.hidden_size}; export the folder again")
 
     @classmethod
     def from_folder(cls, folder: str | Path, int8: bool = False) -> "OnnxEncoder":
@@ -47,6 +91,7 @@ class OnnxEncoder:
         if not path.is_file():
             raise BertkitError(f"{folder}: no {path.name}; make it with `bertkit export --model FOLDER --out DIR"
                                f"{' --int8' if int8 else ''}` and use DIR")
+        check_export_is_current(folder)
         return cls(path, load_config(folder))
 
     def run(self, input_ids: np.ndarray, token_type_ids: np.ndarray | None = None,
