@@ -1,6 +1,7 @@
-"""Writing a file whole or not at all, readable as any file the user makes."""
+"""Writing a file whole or not at all, readable as any file the user makes; a file's digest."""
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
@@ -25,3 +26,12 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def sha256(path: Path) -> str:
+    """The file's SHA-256, read a MiB at a time."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

@@ -8,6 +8,7 @@ head stays in PyTorch, reading the encoder's outputs.
 """
 from __future__ import annotations
 
+import json
 import shutil
 import warnings
 from pathlib import Path
@@ -163,7 +164,6 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
         quantize_int8(out / ONNX, out / ONNX_INT8)
         report["int8"] = str(out / ONNX_INT8)
         report["int8_max_abs_diff"] = check_parity(bert, tokenizer, out / ONNX_INT8)
-    import json
     (out / MANIFEST).write_text(json.dumps({"files": source_files(out)}, indent=2) + "\n")
     return report
 

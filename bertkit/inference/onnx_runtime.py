@@ -2,6 +2,7 @@
 Runtime's own start-up time (here 0.5 s, against 2.2 s for `import torch` alone)."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import numpy as np
 
 from ..config import BertConfig, load_config
 from ..errors import BertkitError
+from ..files import sha256
 
 ONNX = "model.onnx"
 ONNX_INT8 = "model.int8.onnx"
@@ -17,19 +19,10 @@ MANIFEST = "onnx.json"  # what the ONNX files were exported from
 EXPORTED_FROM = ("model.safetensors", "config.json", "bertkit.json")
 
 
-def _digest(path: Path) -> str:
-    import hashlib
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def source_files(folder: Path) -> dict:
     """Size, mtime and sha256 of the files an export is made from (the ones the folder has)."""
     return {name: {"bytes": (folder / name).stat().st_size, "mtime_ns": (folder / name).stat().st_mtime_ns,
-                   "sha256": _digest(folder / name)} for name in EXPORTED_FROM if (folder / name).is_file()}
+                   "sha256": sha256(folder / name)} for name in EXPORTED_FROM if (folder / name).is_file()}
 
 
 def check_export_is_current(folder: Path) -> None:
@@ -37,7 +30,6 @@ def check_export_is_current(folder: Path) -> None:
     a folder fine-tuned again over an export kept running the old encoder and head. A file with
     the size and mtime of the export is taken as it (no hashing at start-up); a copied one is
     hashed. Folders exported before the manifest are not checked."""
-    import json
     path = folder / MANIFEST
     if not path.is_file():
         return
@@ -49,7 +41,7 @@ def check_export_is_current(folder: Path) -> None:
         f, want = folder / name, recorded.get(name)
         stat = f.stat() if f.is_file() else None
         same = (want is not None and stat is not None and stat.st_size == want["bytes"]
-                and (stat.st_mtime_ns == want["mtime_ns"] or _digest(f) == want["sha256"]))
+                and (stat.st_mtime_ns == want["mtime_ns"] or sha256(f) == want["sha256"]))
         if not same:
             raise BertkitError(f"{folder}: its ONNX files were exported from another {name} (changed since the "
                                "export); run `bertkit export` again")

@@ -5,7 +5,6 @@ flushed to disk, renamed, and only then are older checkpoints dropped; a damaged
 recognised when it is loaded, and the one before it used."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -14,6 +13,7 @@ from typing import Callable
 
 import torch
 
+from ..files import sha256
 from .log import write_json
 
 
@@ -23,14 +23,6 @@ def _fsync(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def save_checkpoint(out: Path, step: int, write_model: Callable[[Path], None], tensors: dict, state: dict,
@@ -44,7 +36,7 @@ def save_checkpoint(out: Path, step: int, write_model: Callable[[Path], None], t
     tmp.mkdir(parents=True)
     write_model(tmp)
     torch.save(tensors, tmp / "trainer.pt")
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": _digest(f)} for f in sorted(tmp.iterdir())}
+    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in sorted(tmp.iterdir())}
     write_json(tmp / "trainer.json", {"step": step, **state, "files": files})
     for f in tmp.iterdir():
         _fsync(f)
@@ -78,7 +70,7 @@ def checkpoint_problem(ckpt: Path) -> str | None:
             return f"{name} is missing"
         if f.stat().st_size != want["bytes"]:
             return f"{name} has {f.stat().st_size} bytes, {want['bytes']} were written"
-        if _digest(f) != want["sha256"]:
+        if sha256(f) != want["sha256"]:
             return f"{name} does not match its checksum"
     return None
 

@@ -20,15 +20,14 @@ class MetricsLog:
 
     def drop_after(self, step: int) -> None:
         """Drop the lines of the steps after `step` (a run returned to an earlier checkpoint)."""
-        keep = [line for line in self.path.read_text().splitlines() if _step(line) <= step]
-        self.path.write_text("".join(line + "\n" for line in keep))
+        self.drop_records(lambda record: record.get("step", 0) > step)
 
     def drop_records(self, unwanted) -> None:
-        """Drop the records for which unwanted(record) is true (and any torn line)."""
+        """Drop the records for which unwanted(record) is true, and any line torn by a crash."""
         def keep(line: str) -> bool:
             try:
                 return not unwanted(json.loads(line))
-            except ValueError:
+            except (ValueError, AttributeError):  # torn: not JSON, or not an object
                 return False
         lines = [line for line in self.path.read_text().splitlines() if line.strip() and keep(line)]
         self.path.write_text("".join(line + "\n" for line in lines))
@@ -47,14 +46,6 @@ class MetricsLog:
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def _step(line: str) -> float:
-    """A line's step; a line torn by a crash counts as after every checkpoint (dropped)."""
-    try:
-        return json.loads(line).get("step", 0)
-    except ValueError:
-        return float("inf")
 
 
 def plot_losses(records: list[dict], path: Path, curves: list[tuple[str, str]], title: str) -> None:
