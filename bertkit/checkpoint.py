@@ -1,7 +1,8 @@
 """Model folders in the HuggingFace layout, and the one name map between bertkit and HF.
 
-A folder holds config.json (HF BERT keys), model.safetensors, vocab.txt and/or tokenizer.json,
-and bertkit.json for what bertkit adds. Weights are read with safetensors only: nothing is
+A folder holds config.json (HF BERT keys), model.safetensors (or, as transformers saves a large
+model, model.safetensors.index.json and its shards), vocab.txt and/or tokenizer.json, and
+bertkit.json for what bertkit adds. Weights are read with safetensors only: nothing is
 ever unpickled.
 """
 from __future__ import annotations
@@ -16,11 +17,10 @@ from safetensors.torch import load_file, save_file
 
 from .config import BertConfig, load_config  # noqa: F401 - load_config: re-exported
 from .errors import BertkitError
-from .files import atomic_write
-from .model import BertForPreTraining, BertModel, init_weights
+from .files import WEIGHTS, WEIGHTS_INDEX, atomic_write, read_shard_index, weight_files, weights_path  # noqa: F401
+from .model import BertForPreTraining, BertModel, init_weights, weights_not_drawn
 from .tokenizer import check_vocab_fits, load_tokenizer  # noqa: F401 - re-exported
 
-WEIGHTS = "model.safetensors"
 
 # ---- the name map ---------------------------------------------------------------------------
 # bertkit name -> HF BertModel name(s). Several HF names are concatenated along dim 0 (our fused
@@ -89,6 +89,18 @@ def to_hf(state: dict[str, torch.Tensor], cfg: BertConfig, heads: bool) -> dict[
 
 # ---- loading --------------------------------------------------------------------------------
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
+    if not (folder / WEIGHTS).is_file() and (folder / WEIGHTS_INDEX).is_file():
+        out: dict[str, torch.Tensor] = {}
+        for name, tensors in read_shard_index(folder).items():
+            try:
+                shard = load_file(str(folder / name))
+            except (SafetensorError, OSError, ValueError) as e:
+                raise BertkitError(f"{folder / name}: cannot read safetensors file ({e})") from None
+            if absent := [t for t in tensors if t not in shard]:
+                raise BertkitError(f"{folder / WEIGHTS_INDEX}: maps tensor {absent[0]!r} to {name}, which does "
+                                   "not hold it")
+            out.update({t: shard[t] for t in tensors})
+        return out
     path = folder / WEIGHTS
     if not path.is_file():
         others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
@@ -118,10 +130,13 @@ def has_trained_mlm_head(folder: str | Path) -> bool:
     """Whether the folder's weights hold an MLM head (HF's cls.predictions.*): a plain encoder
     such as MiniLM and fine-tuned folders have none, and load_model gives them a random one."""
     from safetensors import safe_open
+    folder = Path(folder)
     try:
-        with safe_open(str(Path(folder) / WEIGHTS), "pt") as f:
+        if not (folder / WEIGHTS).is_file() and (folder / WEIGHTS_INDEX).is_file():
+            return any("cls.predictions.transform.dense.weight" in t for t in read_shard_index(folder).values())
+        with safe_open(str(folder / WEIGHTS), "pt") as f:
             return "cls.predictions.transform.dense.weight" in set(f.keys())
-    except (SafetensorError, OSError, ValueError):
+    except (SafetensorError, OSError, ValueError, BertkitError):
         return False
 
 
@@ -135,9 +150,11 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     folder = Path(folder)
     cfg = load_config(folder)
     raw = _read_weights(folder)
+    source = weights_path(folder)  # what errors name: the file, or the shards' index
     file_names = {norm: name for name, norm in _normalised_names(raw).items()}
     hf = {norm: raw[name] for norm, name in file_names.items()}
-    model = BertForPreTraining(cfg) if heads else BertModel(cfg)
+    with weights_not_drawn():  # each one is loaded or initialised below (checked after loading)
+        model = BertForPreTraining(cfg) if heads else BertModel(cfg)
     target = model.state_dict()
     wanted = name_map(cfg, heads=True)
     # each head is read if the file has all of it (a BertForMaskedLM file has no NSP head) and
@@ -152,7 +169,7 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
         missing = [t for t in theirs if t not in hf]
         if missing:
             name = missing[0] if any(k.startswith("bert.") for k in raw) else missing[0].removeprefix("bert.")
-            raise BertkitError(f"{folder / WEIGHTS}: tensor {name!r} is missing "
+            raise BertkitError(f"{source}: tensor {name!r} is missing "
                                f"(config.json describes {cfg.num_hidden_layers} layers)")
         key = ours if heads else ours.removeprefix("bert.")
         expected = target[key].shape
@@ -160,7 +177,7 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
         for t in theirs:
             if hf[t].shape != expected:
                 raise BertkitError(
-                    f"{folder / WEIGHTS}: tensor {file_names[t]!r} has shape {tuple(hf[t].shape)} but "
+                    f"{source}: tensor {file_names[t]!r} has shape {tuple(hf[t].shape)} but "
                     f"config.json implies {tuple(expected)}")
         tensor = torch.cat([hf[t] for t in theirs]) if len(theirs) > 1 else hf[theirs[0]]
         state[key] = tensor.to(target[key].dtype)
@@ -182,15 +199,19 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     decoder = hf.get("cls.predictions.decoder.weight")
     if heads and "mlm." not in absent and decoder is not None and not torch.equal(
             decoder.to(state["bert.embeddings.word.weight"].dtype), state["bert.embeddings.word.weight"]):
-        raise BertkitError(f"{folder / WEIGHTS}: its MLM decoder (cls.predictions.decoder.weight) is not the word "
+        raise BertkitError(f"{source}: its MLM decoder (cls.predictions.decoder.weight) is not the word "
                            "embeddings; bertkit ties the two, as BERT does, so its logits would differ")
     stray = sorted((k for k in hf if k not in used and k.startswith("bert.encoder.layer.")),
                    key=lambda k: int(k.split(".")[3]) if k.split(".")[3].isdigit() else 0)
     if stray:  # a config.json with fewer layers than the file: the rest would be dropped unseen
-        raise BertkitError(f"{folder / WEIGHTS}: holds tensor {file_names[stray[-1]]!r}, but config.json describes "
+        raise BertkitError(f"{source}: holds tensor {file_names[stray[-1]]!r}, but config.json describes "
                            f"{cfg.num_hidden_layers} layers (num_hidden_layers); its layers would go unused")
     # strict=False only because the tied decoder weight and skipped heads are not in `state`
-    model.load_state_dict(state, strict=False)
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    initialised = tuple(part if heads else part.removeprefix("bert.") for part in absent)
+    unset = [k for k in missing if k != "mlm.decoder_weight" and not k.startswith(initialised)]
+    if unset:  # built undrawn, such a tensor would hold whatever memory held
+        raise BertkitError(f"{source}: internal error, tensors not loaded: {', '.join(unset)}")
     extra = {file_names[k]: v for k, v in hf.items() if k not in used}
     model.eval()
     return model, extra

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_config, load_model, load_tokenizer, save_model
+from .checkpoint import load_config, load_model, load_tokenizer, save_model, weights_path
 from .config import check_max_len
 from .inference.encode import precision_context
 from .errors import BertkitError
@@ -172,10 +172,10 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     wanted = _head_state(model)
     missing = [k for k in wanted if k not in extra]
     if missing:
-        raise BertkitError(f"{folder / 'model.safetensors'}: the {name} head's tensor {missing[0]!r} is missing")
+        raise BertkitError(f"{weights_path(folder)}: the {name} head's tensor {missing[0]!r} is missing")
     for k, t in wanted.items():
         if extra[k].shape != t.shape:  # the head as bertkit.json describes it (its labels ...) is another
-            raise BertkitError(f"{folder / 'model.safetensors'}: the {name} head's tensor {k!r} has shape "
+            raise BertkitError(f"{weights_path(folder)}: the {name} head's tensor {k!r} has shape "
                                f"{tuple(extra[k].shape)}, but bertkit.json describes one of {tuple(t.shape)}"
                                + (f" ({len(labels)} labels)" if labels is not None else ""))
     model.head.load_state_dict({k: extra[k] for k in wanted}, strict=False)

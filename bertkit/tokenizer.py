@@ -7,6 +7,7 @@ offsets.
 from __future__ import annotations
 
 import json
+import operator
 import sys
 import warnings
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import numpy as np
 from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 from .config import BertConfig, load_config
-from .errors import BertkitError
+from .errors import BertkitError, check_int
 from .files import atomic_write
 from .inputs import lone_surrogate
 
@@ -256,8 +257,23 @@ class WordPieceTokenizer:
     def special_ids(self) -> list[int]:
         return [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids))
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """Text of token ids (a list, array or 1-D tensor). As transformers' decode: special
+        tokens ([CLS], [SEP], [MASK], [UNK], [PAD]) are written out unless skip_special_tokens,
+        so an unknown word shows as [UNK] instead of vanishing. An id outside the vocabulary is
+        an error (the tokenizers library drops it without a word)."""
+        if isinstance(ids, (str, bytes)):
+            raise BertkitError(f"decode takes token ids, not a {type(ids).__name__}")
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        for i, t in enumerate(ids):
+            try:
+                ids[i] = operator.index(t)  # ints, numpy's integers; not floats
+            except TypeError:
+                ids[i] = -1
+            if isinstance(t, bool) or not 0 <= ids[i] < self.vocab_size:
+                raise BertkitError(f"decode: position {i} holds {t!r}, not a token id "
+                                   f"(an integer from 0 to {self.vocab_size - 1})")
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     # ---- encoding ----
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, max_len: int = 512,
@@ -290,6 +306,7 @@ class WordPieceTokenizer:
                     raise BertkitError(f"{name} {i} holds the lone surrogate {bad} "
                                        "(half of a UTF-16 pair), which is not a character")
         specials = 3 if pairs is not None else 2
+        check_int(max_len, "max_len")
         if max_len <= specials:
             raise BertkitError(f"max length {max_len} leaves no room for text beside the special tokens")
         cut_texts, cut_pairs = self._cut_long(texts, pairs, max_len - specials)

@@ -209,3 +209,72 @@ def test_an_untied_mlm_decoder_is_refused_not_replaced(tmp_path):
     with pytest.raises(BertkitError, match="MLM decoder .* is not the word embeddings"):
         load_model(tmp_path / "untied")
     assert load_model(tmp_path / "untied", heads=False)[0] is not None  # the encoder alone is fine
+
+
+def test_load_model_builds_undrawn_and_refuses_a_tensor_it_did_not_load(tmp_path, monkeypatch):
+    """load_model allocates the weights without drawing them (each one is loaded): one left
+    unloaded would hold whatever memory held, so it is an error, not a silent garbage weight."""
+    import threading
+
+    from bertkit import checkpoint
+    from bertkit.model import Linear, weights_not_drawn
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg)
+    init_weights(model, cfg)
+    save_model(model, tmp_path / "m")
+    loaded, _ = load_model(tmp_path / "m")
+    for (name, theirs), ours in zip(model.state_dict().items(), loaded.state_dict().values()):
+        assert torch.equal(theirs, ours), name
+    # the undrawn build holds in its own thread only: a model built meanwhile elsewhere is drawn
+    drawn = {}
+    with weights_not_drawn():
+        thread = threading.Thread(target=lambda: drawn.update(w=Linear(64, 64).weight.detach().clone()))
+        thread.start()
+        thread.join()
+    assert drawn["w"].abs().max() > 0 and drawn["w"].std() > 0.01
+    full = checkpoint.name_map
+    monkeypatch.setattr(checkpoint, "name_map", lambda c, heads: {
+        k: v for k, v in full(c, heads).items() if k != "bert.embeddings.position.weight"})
+    with pytest.raises(BertkitError, match="not loaded: bert.embeddings.position.weight"):
+        load_model(tmp_path / "m")
+
+
+def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path):
+    """transformers saves a model over max_shard_size as model.safetensors.index.json and shards
+    (model-00001-of-0000N.safetensors): such a folder was refused as having no model.safetensors."""
+    import shutil
+
+    from transformers import BertForPreTraining as HFPreTraining
+
+    from bertkit.checkpoint import has_trained_mlm_head, weight_files
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    theirs = HFPreTraining(_hf_config(cfg)).eval()
+    theirs.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    names = weight_files(tmp_path / "hf")
+    assert names[0] == "model.safetensors.index.json" and len(names) > 3, names
+    ours, _ = load_model(tmp_path / "hf")
+    assert has_trained_mlm_head(tmp_path / "hf")
+    ids = torch.randint(5, cfg.vocab_size, (2, 9))
+    with torch.no_grad():
+        expected = theirs(input_ids=ids)
+        got = ours(ids, mlm_positions=torch.arange(9).expand(2, 9))
+    torch.testing.assert_close(got.mlm_logits.view(2, 9, -1), expected.prediction_logits, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got.nsp_logits, expected.seq_relationship_logits, atol=1e-5, rtol=1e-5)
+    # a bad index is named: a shard outside the folder, a missing shard, a tensor its shard lacks
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    for change, message in (
+            (lambda m: m.update({next(iter(m)): "../elsewhere.safetensors"}), "not a .safetensors file in this folder"),
+            (lambda m: m.update({next(iter(m)): "model-gone.safetensors"}), "names shard 'model-gone.safetensors'"),
+            (lambda m: m.update({"bert.extra.weight": names[1]}), f"maps tensor 'bert.extra.weight' to {names[1]}")):
+        bad = tmp_path / f"bad{len(list(tmp_path.iterdir()))}"
+        shutil.copytree(tmp_path / "hf", bad)
+        weight_map = json.loads(json.dumps(index["weight_map"]))
+        change(weight_map)
+        (bad / "model.safetensors.index.json").write_text(json.dumps({**index, "weight_map": weight_map}))
+        with pytest.raises(BertkitError, match=message):
+            load_model(bad)
+    (bad / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(BertkitError, match="index.json: not a safetensors index"):
+        load_model(bad)

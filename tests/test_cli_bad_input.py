@@ -359,3 +359,18 @@ def test_classify_labels_that_only_look_like_numbers_are_strings(tmp_path, model
     assert main(["finetune", "classify", "--model", str(models["tiny"]), "--train", str(data), "--eval", str(data),
                  "--out", str(tmp_path / "m"), "--epochs", "1", "--max-len", "16"]) == 0, capsys.readouterr().err
     assert json.loads((tmp_path / "m" / "bertkit.json").read_text())["labels"] == ["--1", "\u00b2"]
+
+
+def test_the_console_command_exits_with_mains_code_after_its_fast_exit(tmp_path, models):
+    """`python -m bertkit` (and the `bertkit` script) freeze the garbage collector before the
+    interpreter's teardown: the exit code and the written file must be those of main()."""
+    import subprocess
+    import sys
+    (tmp_path / "t.txt").write_text("first text\nsecond\n")
+    cmd = [sys.executable, "-m", "bertkit", "encode", "--model", str(models["tiny"]), "--input",
+           str(tmp_path / "t.txt"), "--output", str(tmp_path / "a.npy")]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "wrote 2 vectors" in r.stdout, r.stderr
+    assert np_rows(tmp_path / "a.npy") == 2
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # exists, no --overwrite
+    assert r.returncode == 2 and "already exists" in r.stderr, r.stderr

@@ -369,3 +369,14 @@ def test_read_word(tmp_path):
 def test_read_word_errors(tmp_path, name, content, message):
     with pytest.raises(BertkitError, match=message):
         readers.read_word(write(tmp_path, name, content))
+
+
+def test_an_unknown_ner_tag_is_named_by_its_line_in_the_conll_file(tmp_path):
+    """The error named the sentence ("sentence 2"), which a user must count blank lines to find."""
+    from bertkit.tasks.ner import NerTask
+    path = write(tmp_path, "eval.conll", "-DOCSTART- O\n\nEU B-ORG\nrejects O\n\nPeter B-PER\nBlackburn I-PRE\n")
+    task = NerTask({"labels": ["O", "B-ORG", "I-ORG", "B-PER", "I-PER"]})
+    with pytest.raises(BertkitError, match=r"eval\.conll, line 7: tag 'I-PRE' is not one the model knows"):
+        task.check(task.read(path), str(path))
+    task.check(task.read(path)[:1], str(path))  # the first sentence alone: every tag known
+    assert readers.read_conll(path, lines=True)[1] == (["Peter", "Blackburn"], ["B-PER", "I-PRE"], [6, 7])

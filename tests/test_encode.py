@@ -101,6 +101,15 @@ def test_bad_encoder_inputs(encoder):
         assert encoder.encode([long_text]).shape == (1, 384)
     with pytest.raises(BertkitError, match="over the limit of 256"):
         encoder.encode([long_text], truncation=False)
+    # numbers of the wrong type are named, not a TypeError from range() or the tokenizers library
+    for kwargs, message in (({"batch_size": 2.5}, "batch_size must be an integer of at least 1, got 2.5"),
+                            ({"batch_size": 0}, "batch_size must be an integer of at least 1, got 0"),
+                            ({"max_len": "64"}, "max_len must be an integer of at least 3, got '64'"),
+                            ({"max_len": 64.0}, "max_len must be an integer of at least 3, got 64.0")):
+        with pytest.raises(BertkitError, match=message):
+            encoder.encode(["x"], **kwargs)
+    with pytest.raises(BertkitError, match="max_len must be an integer of at least 1, got 8.0"):
+        encoder.tokenizer.encode(["x"], max_len=8.0)
 
 
 def test_cli_encode_txt_and_jsonl(tmp_path, minilm_folder, capsys):
@@ -307,3 +316,15 @@ def test_an_encoder_takes_the_model_load_model_gives_by_default(minilm_folder):
                                   Encoder(body, tok, device="cpu").encode(SENTENCES[:3]))
     with pytest.raises(BertkitError, match="not one string"):
         Encoder(body, tok, device="cpu").encode("one text")
+
+
+def test_fill_mask_names_a_top_k_that_is_not_an_integer(minilm_folder):
+    from bertkit import load_model
+    from bertkit.checkpoint import load_tokenizer
+    from bertkit.inference.fill_mask import fill_mask
+    model, _ = load_model(minilm_folder, quiet=True)
+    tok = load_tokenizer(minilm_folder)
+    for bad in (2.5, 0, "3"):
+        with pytest.raises(BertkitError, match=f"top_k must be an integer of at least 1, got {bad!r}"):
+            fill_mask(model, tok, ["a [MASK] day"], top_k=bad)
+    assert len(fill_mask(model, tok, ["a [MASK] day"], top_k=2)[0][0]) == 2

@@ -333,3 +333,22 @@ def test_a_saved_tokenizer_does_not_truncate_and_tells_hf_the_models_length(tmp_
     hf = AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
     assert hf.model_max_length == 512
     assert len(hf("word " * 1000, truncation=True)["input_ids"]) == 512
+
+
+def test_decode_writes_special_tokens_as_transformers_does_and_refuses_bad_ids(minilm_folder, minilm_tok):
+    """decode dropped [UNK] and [MASK] silently (an unknown word vanished from the text) and an
+    id past the vocabulary without a word."""
+    import numpy as np
+    import torch
+    from transformers import AutoTokenizer
+    hf = AutoTokenizer.from_pretrained(minilm_folder)
+    for text in ["hello [MASK] world \u2603 isn't it?", "a \U0001f916 robot"]:
+        ids = hf(text)["input_ids"]
+        assert minilm_tok.decode(ids) == hf.decode(ids) and "[UNK]" in minilm_tok.decode(ids)
+        assert minilm_tok.decode(ids, skip_special_tokens=True) == hf.decode(ids, skip_special_tokens=True)
+        assert minilm_tok.decode(np.array(ids)) == minilm_tok.decode(torch.tensor(ids)) == hf.decode(ids)
+    for bad, shown in ((99999, "99999"), (-1, "-1"), (2.0, "2.0"), (True, "True")):
+        with pytest.raises(BertkitError, match=f"position 1 holds {shown}, not a token id"):
+            minilm_tok.decode([7592, bad])
+    with pytest.raises(BertkitError, match="not a str"):
+        minilm_tok.decode("hello")

@@ -120,18 +120,19 @@ def read_classify(path: str | Path) -> list[dict]:
     return rows
 
 
-def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
+def read_conll(path: str | Path, lines: bool = False) -> list[tuple[list[str], list[str]]]:
     """Sentences (tokens, tags) of a CoNLL file: `token<whitespace>tag` per line with the tag
     last (middle columns, as in CoNLL-2003, are ignored), a blank line between sentences.
-    `-DOCSTART-` lines are document markers, not tokens."""
+    `-DOCSTART-` lines are document markers, not tokens. lines=True: (tokens, tags, line
+    numbers), each token's line in the file, for errors that name it."""
     path = Path(path)
-    sentences, tokens, tags = [], [], []
+    sentences, tokens, tags, numbers = [], [], [], []
     for lineno, line in enumerate(read_lines(path) + [""], 1):
         fields = line.split()
         if not fields:
             if tokens:
-                sentences.append((tokens, tags))
-                tokens, tags = [], []
+                sentences.append((tokens, tags, numbers) if lines else (tokens, tags))
+                tokens, tags, numbers = [], [], []
             continue
         if fields[0] == "-DOCSTART-":
             continue
@@ -140,6 +141,7 @@ def read_conll(path: str | Path) -> list[tuple[list[str], list[str]]]:
                                "(the tag is missing)")
         tokens.append(fields[0])
         tags.append(fields[-1])
+        numbers.append(lineno)
     if not sentences:
         raise BertkitError(f"{path}: no sentences")
     return sentences

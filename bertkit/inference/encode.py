@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import BertkitError
+from ..errors import BertkitError, check_int
 from ..tokenizer import Batch, WordPieceTokenizer, load_tokenizer
 from .onnx_runtime import OnnxEncoder
 
@@ -180,10 +180,9 @@ class Encoder:
               truncation: bool) -> Iterator[tuple[list[int], Batch, tuple]]:
         """Yield (input indices, batch, (sequence_output, pooled_output)) over length-sorted
         batches: numpy arrays from ONNX Runtime, tensors from PyTorch."""
-        if batch_size < 1:
-            raise BertkitError(f"batch size must be at least 1, got {batch_size}")
+        check_int(batch_size, "batch_size")
         limit = self.model.config.max_position_embeddings
-        max_len = min(self.default_max_len or limit, limit) if max_len is None else max_len
+        max_len = min(self.default_max_len or limit, limit) if max_len is None else check_int(max_len, "max_len", 3)
         if max_len > limit:
             raise BertkitError(f"max length {max_len} exceeds the model's {limit} positions")
         encs = self.tokenizer.encode_unpadded(texts, pairs, max_len, truncation)

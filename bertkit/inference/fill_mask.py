@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import BertkitError
+from ..errors import BertkitError, check_int
 from ..model import BertForPreTraining
 from ..tokenizer import MASK, WordPieceTokenizer
 
@@ -12,8 +12,7 @@ from ..tokenizer import MASK, WordPieceTokenizer
 def fill_mask(model: BertForPreTraining, tokenizer: WordPieceTokenizer, texts: list[str],
               top_k: int = 5) -> list[list[list[dict]]]:
     """For each text, for each [MASK] in it (in order): top_k {"token", "score"} (softmax)."""
-    if top_k < 1:
-        raise BertkitError(f"top_k must be at least 1, got {top_k}")
+    check_int(top_k, "top_k")
     limit = model.config.max_position_embeddings
     batch = tokenizer.encode(texts, max_len=limit)
     is_mask = batch.input_ids == tokenizer.mask_id

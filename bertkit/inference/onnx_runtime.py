@@ -10,19 +10,23 @@ import numpy as np
 
 from ..config import BertConfig, load_config
 from ..errors import BertkitError
-from ..files import sha256
+from ..files import sha256, weight_files
 
 ONNX = "model.onnx"
 ONNX_INT8 = "model.int8.onnx"
 HEAD_ONNX = "head.onnx"
 MANIFEST = "onnx.json"  # what the ONNX files were exported from
-EXPORTED_FROM = ("model.safetensors", "config.json", "bertkit.json")
+EXPORTED_FROM = ("config.json", "bertkit.json")  # and the weight files
+
+
+def _exported_from(folder: Path) -> list[str]:
+    return [*weight_files(folder), *EXPORTED_FROM]
 
 
 def source_files(folder: Path) -> dict:
     """Size, mtime and sha256 of the files an export is made from (the ones the folder has)."""
     return {name: {"bytes": (folder / name).stat().st_size, "mtime_ns": (folder / name).stat().st_mtime_ns,
-                   "sha256": sha256(folder / name)} for name in EXPORTED_FROM if (folder / name).is_file()}
+                   "sha256": sha256(folder / name)} for name in _exported_from(folder) if (folder / name).is_file()}
 
 
 def check_export_is_current(folder: Path) -> None:
@@ -37,7 +41,7 @@ def check_export_is_current(folder: Path) -> None:
         recorded = json.loads(path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         raise BertkitError(f"{path}: unreadable; run `bertkit export` again") from None
-    for name in set(recorded) | {n for n in EXPORTED_FROM if (folder / n).is_file()}:
+    for name in set(recorded) | {n for n in _exported_from(folder) if (folder / n).is_file()}:
         f, want = folder / name, recorded.get(name)
         stat = f.stat() if f.is_file() else None
         same = (want is not None and stat is not None and stat.st_size == want["bytes"]

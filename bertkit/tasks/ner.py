@@ -89,7 +89,7 @@ class NerTask(Task):
 
     def read(self, path):
         from ..data.readers import read_conll
-        return [{"words": w, "tags": t} for w, t in read_conll(path)]
+        return [{"words": w, "tags": t, "lines": n} for w, t, n in read_conll(path, lines=True)]
 
     def read_inputs(self, path=None, texts=None):
         # one sentence per line (or JSONL "text"), split on whitespace into words
@@ -131,9 +131,11 @@ class NerTask(Task):
     def check(self, examples, source):
         known = set(self.info["labels"])
         for i, ex in enumerate(examples):
-            bad = [t for t in self._as_bio(ex["tags"] or []) if t not in known]
+            bad = [(j, t) for j, t in enumerate(self._as_bio(ex["tags"] or [])) if t not in known]
             if bad:
-                raise BertkitError(f"{source}, sentence {i + 1}: tag {bad[0]!r} is not one the model knows "
+                j, tag = bad[0]
+                where = f"line {ex['lines'][j]}" if ex.get("lines") else f"sentence {i + 1}"
+                raise BertkitError(f"{source}, {where}: tag {tag!r} is not one the model knows "
                                    f"({', '.join(self.info['labels'])})")
 
     def features(self, examples, tokenizer, max_len):
