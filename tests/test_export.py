@@ -221,3 +221,24 @@ def test_a_fine_tuned_folder_whose_head_cannot_load_writes_nothing(tmp_path, tin
     assert main(["export", "--model", str(broken), "--out", str(tmp_path / "out")]) == 2
     assert "head's tensor 'classifier.weight' is missing" in capsys.readouterr().err
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+def test_int8_export_keeps_a_scale_per_output_channel(exported, tmp_path):
+    """One scale per weight matrix (the export before) moved a fine-tuned classifier's
+    predictions more (benchmarks/onnx_int8.py): each matmul weight now has one per column."""
+    import onnx
+    from onnx import numpy_helper
+
+    from bertkit.inference.export import quantize_int8
+
+    def weight_scales(path):
+        model = onnx.load(str(path))
+        # the embeddings' Gathers keep one scale each whatever the setting: count the rest
+        return [numpy_helper.to_array(t).size for t in model.graph.initializer
+                if t.name.endswith("_scale") and ".embeddings." not in t.name]
+    ours = weight_scales(exported / "model.int8.onnx")
+    # tiny_bert: 2 layers of q/k/v (fused or not), output, FFN in and out, and the pooler
+    assert len(ours) >= 2 * 4 + 1 and all(size > 1 for size in ours), ours
+    quantize_int8(exported / "model.onnx", tmp_path / "one.onnx", per_channel=False)
+    one = weight_scales(tmp_path / "one.onnx")
+    assert len(one) == len(ours) and all(size == 1 for size in one), one
