@@ -1,7 +1,8 @@
 """Whole-process encoding speed: 4,096 real review sentences (rotten-tomatoes) with MiniLM,
 mean pooling, each peer a fresh process timed from start to the written .npy:
 
-- bertkit encode (length-sorted batches), PyTorch (fp32, and bf16 autocast for what it costs in
+- bertkit encode (length-sorted batches), PyTorch (fp32; fp32 with the linear layers on MKL,
+  as before they ran on oneDNN on CPUs with AVX-512; bf16 autocast for what it costs in
   exactness) and --backend onnx;
 - transformers AutoModel (sdpa) in input-order batches of 32, the way most scripts run it;
 - ONNX Runtime on the same exported graph with length-sorted batches of 32 and the HF tokenizer.
@@ -109,6 +110,10 @@ def main():
         return {name: cmd for name, cmd in {
             "bertkit": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output", out("bertkit"),
                         "--overwrite", *plain],
+            # the linear layers on torch's F.linear (MKL), as before fp32 inference ran them on
+            # oneDNN on every CPU with AVX-512 (model.ONEDNN_LINEAR; on CPUs without it, the same)
+            "bertkit, linear on MKL (before)": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src,
+                                                "--output", out("bertkit-mkl"), "--overwrite", *plain],
             # bf16 autocast: not the default (vectors move off their fp32 values, max abs diff below);
             # measured because CPUs with AMX (Sapphire Rapids and later) run bf16 matmuls ~4x faster
             "bertkit --precision bf16": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output",
@@ -125,12 +130,12 @@ def main():
         for kind, src in (("full", str(work / "texts.txt")), ("startup", str(work / "one.txt"))):
             for name, cmd in peers(src, kind).items():
                 t = time.perf_counter()
-                subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                subprocess.run(cmd, check=True, env=env | ({"BERTKIT_ONEDNN_LINEAR": "0"} if "MKL" in name else {}), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 times[kind].setdefault(name, []).append(time.perf_counter() - t)
                 print(f"{kind} {name}: {times[kind][name][-1]:.1f} s", flush=True)
     ref = np.load(work / "bertkit-full.npy")
     diffs = {name: float(np.abs(np.load(work / f"{f}-full.npy") - ref).max())
-             for name, f in (("bertkit --precision bf16", "bertkit-bf16"), ("bertkit --backend onnx", "bertkit-onnx"),
+             for name, f in (("bertkit, linear on MKL (before)", "bertkit-mkl"), ("bertkit --precision bf16", "bertkit-bf16"), ("bertkit --backend onnx", "bertkit-onnx"),
                              ("transformers, input order", "hf"),
                              ("ONNX Runtime, sorted", "ort")) if name in times["full"]}
 

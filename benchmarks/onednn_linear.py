@@ -1,5 +1,5 @@
 """fp32 inference's linear layers through MKL (F.linear) or oneDNN (bertkit.model.linear, on by
-default on an AMD CPU with AVX-512): MiniLM encoding real review sentences in one process, the two
+default on a CPU with AVX-512): MiniLM encoding real review sentences in one process, the two
 alternating round by round, and MiniLM's linear shapes alone.
 
     .venv/bin/python benchmarks/onednn_linear.py [--n 1024] [--rounds 6]

@@ -11,7 +11,7 @@ dropout 0.1 through torch's own dropout (as before its bulk-drawn CPU masks), wi
 layer at every position (as before its training path ran it at [CLS] and the predicted slots
 only: the same loss, a fifth fewer FLOPs on the tiny preset), and with glibc's
 default malloc settings (as before bertkit's training runtime kept freed memory for reuse,
-bertkit/training/memory.py); on an AMD CPU with AVX-512 also with its linear layers on torch's
+bertkit/training/memory.py); on a CPU with AVX-512 also with its linear layers on torch's
 F.linear (MKL), as before they ran on oneDNN there. The peers run with glibc's defaults, as their users run them, and
 d2l once more with bertkit's malloc setting, which shows how much of the lead is the allocator.
 Switching to the defaults hands the free memory back to the kernel, so the first bertkit step
@@ -19,7 +19,9 @@ after a peer's faults its memory in again (the page faults of each step are reco
 alternation understates what a run of bertkit alone gets, most for the first bertkit row of
 each round (bertkit's rows with its setting run one after another), the fp32 "bertkit" row.
 It also reports the FLOPs of one step (counted by torch's FlopCounterMode) over the time it
-took, as a share of this machine's measured fp32 matmul peak. On a CPU with native bf16 (AMX or AVX512_BF16), where
+took, as a share of this machine's measured fp32 matmul peak, and for bertkit's two fp32 rows
+the ceiling their own matmul shapes put on that share: the step's matmuls replayed alone, back to
+back, on inputs of the same shapes and strides (matmul_ceiling). On a CPU with native bf16 (AMX or AVX512_BF16), where
 bertkit trains in bf16 autocast by default, bertkit, d2l and transformers also run with their
 forward passes under bf16 autocast, and those rows' MFU is given against the bf16 matmul peak too.
 
@@ -43,6 +45,7 @@ from pathlib import Path
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 import bertkit.model
@@ -62,7 +65,7 @@ from machine import cpu_name
 def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32, kernel: str = "mm") -> float:
     """Best GFLOP/s of an n x n matmul in dtype on this machine, now: torch's mm (MKL for fp32
     on a CPU), or kernel="onednn", oneDNN's inner product, which bertkit's fp32 linear layers run
-    on AMD CPUs with AVX-512 (model.ONEDNN_LINEAR): MFU is taken against the faster of the two."""
+    on CPUs with AVX-512 (model.ONEDNN_LINEAR): MFU is taken against the faster of the two."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     run = (lambda: a @ b) if kernel == "mm" else (lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
     run()
@@ -139,7 +142,7 @@ def bertkit_step_full_last_layer(model, opt, batch):
 @contextlib.contextmanager
 def mkl_linear():
     """bertkit's fp32 linear layers on torch's F.linear (MKL), as before they ran on oneDNN on
-    AMD CPUs with AVX-512 (model.ONEDNN_LINEAR; the comparison row for that path)."""
+    CPUs with AVX-512 (model.ONEDNN_LINEAR; the comparison row for that path)."""
     on = bertkit.model.ONEDNN_LINEAR
     bertkit.model.ONEDNN_LINEAR = False
     try:
@@ -216,6 +219,64 @@ def count_flops(step, model, opt, batch) -> int:
     with mkl_linear(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         step(model, opt, batch)
     return counter.get_total_flops()
+
+
+MATMULS = (torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default,
+           torch.ops.aten.baddbmm.default)
+
+
+class RecordMatmuls(TorchDispatchMode):
+    """Records each matmul a step runs (forward and backward): the op, its tensors' shapes,
+    strides and dtypes, and its other arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in MATMULS:
+            self.calls.append((func, [(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+                                      for a in args], kwargs))
+        return func(*args, **kwargs)
+
+
+def matmul_ceiling(step, model, opt, batch, repeats: int = 5) -> dict:
+    """The step's matmuls alone: every mm/addmm/bmm one fp32 step runs (on F.linear and SDPA's
+    math path, as count_flops), replayed back to back on fresh inputs of the same shapes and
+    strides. Their time bounds the step from below, so step FLOPs over it bounds its MFU from
+    above: what the step's own matmul shapes allow, whatever else it did."""
+    with mkl_linear(), sdpa_kernel(SDPBackend.MATH), RecordMatmuls() as rec:
+        step(model, opt, batch)
+    calls = []
+    for func, args, kwargs in rec.calls:
+        made = [torch.empty_strided(a[0], a[1], dtype=a[2]).uniform_(-1, 1) if isinstance(a, tuple) else a
+                for a in args]
+        calls.append((func, made, kwargs))
+    with FlopCounterMode(display=False) as counter:
+        for func, made, kwargs in calls:
+            func(*made, **kwargs)
+    times = []
+    for _ in range(repeats + 1):  # the first is a warm-up
+        t = time.perf_counter()
+        for func, made, kwargs in calls:
+            func(*made, **kwargs)
+        times.append(time.perf_counter() - t)
+    best = min(times[1:])
+    return {"matmuls": len(calls), "matmul_gflop": counter.get_total_flops() / 1e9, "matmul_s": best,
+            "matmul_s_median": statistics.median(times[1:])}
+
+
+FP32_CEILING_ROWS = ("bertkit", "bertkit, dropout 0 (its recipe)")
+
+
+def print_ceilings(rows):
+    for name, r in rows.items():
+        if "matmuls_alone" in r:
+            c = r["matmuls_alone"]
+            print(f"{name}: its {c['matmuls']} matmuls alone {c['matmul_s']:.3f} s ({c['matmul_gflop']:.1f} GFLOP, "
+                  f"{c['gflop_s']:.0f} GFLOP/s, {c['share_of_matmul_peak']:.0%} of the peak), {c['share_of_step']:.0%} "
+                  f"of the step; MFU ceiling at these shapes {c['mfu_ceiling']:.0%}")
 
 
 def main():
@@ -312,6 +373,10 @@ def main():
             step(model, opts[name], b)
             times[name].append(time.perf_counter() - t)
             faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f)
+    # the fp32 rows' matmuls alone, with bertkit's malloc setting (a bound on their MFU)
+    keep_freed_memory(True)
+    ceilings = {name: matmul_ceiling(step, model, opts[name], batches[0])
+                for name, (step, model, _) in runs.items() if name in FP32_CEILING_ROWS}
     keep_freed_memory(False)
     mm_peak = matmul_peak()
     onednn_peak = matmul_peak(kernel="onednn") if bertkit.model.ONEDNN_LINEAR else None
@@ -328,12 +393,19 @@ def main():
                       "share_of_matmul_peak": flops[name] / med / 1e9 / peak}
         if "bf16" in name:
             rows[name]["share_of_bf16_matmul_peak"] = flops[name] / med / 1e9 / bf16_peak
+        if name in ceilings:
+            c = ceilings[name]
+            rows[name]["matmuls_alone"] = c | {"gflop_s": c["matmul_gflop"] / c["matmul_s"],
+                                               "share_of_matmul_peak": c["matmul_gflop"] / c["matmul_s"] / peak,
+                                               "mfu_ceiling": flops[name] / c["matmul_s"] / 1e9 / peak,
+                                               "share_of_step": c["matmul_s"] / med}
     if args.only:
         for name, r in rows.items():
             print(f"{name}: {r['step_s']:.3f} s/step ({r['step_s_min']:.3f}-{r['step_s_max']:.3f}), "
                   f"{r['page_faults_per_step']:.0f} page faults, {r['gflop_per_step']:.1f} GFLOP, "
                   f"{r['achieved_gflop_s']:.1f} GFLOP/s, MFU {r['share_of_matmul_peak']:.0%} of {peak:.0f}")
         print(f"fp32 matmul peak: mm {mm_peak:.0f}, oneDNN {onednn_peak or 0:.0f} GFLOP/s")
+        print_ceilings(rows)
         return
     speed = lambda a, b: rows[a]["pairs_per_s"] / rows[b]["pairs_per_s"]
     result = {"workload": f"{args.preset} preset, batch {args.batch_size}, max length {args.max_len}, vocab "
@@ -363,6 +435,7 @@ def main():
     print(f"bertkit / transformers {result['speedup_vs_transformers']:.2f}x; bertkit / d2l {result['speedup_vs_d2l']:.2f}x "
           f"(same dropout), {result['speedup_vs_d2l_with_recipe_dropout']:.2f}x with bertkit's recipe dropout 0, "
           f"{result['speedup_vs_d2l_with_the_same_malloc']:.2f}x against d2l with bertkit's malloc setting")
+    print_ceilings(rows)
     if bf16_peak:
         print(f"bf16 autocast (bf16 matmul peak {bf16_peak:.0f} GFLOP/s): bertkit / d2l {result['bf16_speedup_vs_d2l_fp32']:.2f}x "
               f"(d2l in fp32), {result['bf16_speedup_vs_d2l_bf16']:.2f}x (both bf16); bertkit / transformers "

@@ -539,6 +539,24 @@ def test_minilm_encodes_the_same_vectors_through_onednn(monkeypatch, minilm_fold
     assert abs(fast - plain).max() < 1e-5
 
 
+def test_onednn_linear_is_on_where_avx512_is_and_the_environment_can_switch_it_off():
+    """oneDNN's fp32 linear layers on every CPU with AVX-512 (measured faster on AMD Zen 4 and
+    an Intel Xeon); BERTKIT_ONEDNN_LINEAR=0 keeps MKL, which encode_speed.py compares against."""
+    import os
+    import subprocess
+    import sys
+    probe = ("import torch, bertkit.model as m; print(m.ONEDNN_LINEAR, "
+             "torch.backends.mkldnn.is_available() and torch.cpu._is_avx512_supported())")
+
+    def run(**env):
+        out = subprocess.run([sys.executable, "-c", probe], env={**os.environ, **env}, capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0] == "True", out[1] == "True"
+    on, avx512 = run()
+    assert on == avx512
+    assert run(BERTKIT_ONEDNN_LINEAR="0")[0] is False
+
+
 def test_pretraining_forward_with_no_mlm_positions_gives_empty_logits():
     """NSP alone (no slot to predict) failed to reshape its 0 logits."""
     cfg = hf_tester_config()
