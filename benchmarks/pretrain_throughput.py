@@ -245,7 +245,8 @@ def matmul_ceiling(step, model, opt, batch, repeats: int = 5) -> dict:
     """The step's matmuls alone: every mm/addmm/bmm one fp32 step runs (on F.linear and SDPA's
     math path, as count_flops), replayed back to back on fresh inputs of the same shapes and
     strides. Their time bounds the step from below, so step FLOPs over it bounds its MFU from
-    above: what the step's own matmul shapes allow, whatever else it did."""
+    above: what the step's own matmul shapes allow, whatever else it did. They run on torch's mm
+    (MKL); where the step's linear layers run oneDNN's kernel, the bound is MKL's at those shapes."""
     with mkl_linear(), sdpa_kernel(SDPBackend.MATH), RecordMatmuls() as rec:
         step(model, opt, batch)
     calls = []
