@@ -186,7 +186,9 @@ def best_spans(start_logits, end_logits, features: QAFeatures, examples: list[QA
                            f"but only {len(examples)} were given")
     if n_best < 1 or max_answer_len < 1:
         raise BertkitError(f"n_best ({n_best}) and max_answer_len ({max_answer_len}) must be at least 1")
-    W, T, A = *S.shape, max_answer_len
+    # no span is longer than a window: a larger max_answer_len (1e9: "no limit") allowed nothing more
+    # and sized the band below by it, out of memory
+    W, T, A = *S.shape, min(max_answer_len, S.shape[1])
     if any(len(offs) > T for offs in features.offsets):
         raise BertkitError(f"a window is longer than the {T} logits given per window")
     # Span (i, i + d) for d < A as a band (W, T, A) rather than a full (T, T) matrix: exact, and

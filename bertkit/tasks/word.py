@@ -57,7 +57,8 @@ class WordTask(Task):
         for ex, e in zip(examples, encs):
             # the target as the tokenizer sees text (an uncased vocabulary strips accents too:
             # "café" is the token "cafe"), then looked up whole
-            target = tokenizer.token_to_id(normalize(ex["word"])) if ex["word"] else None
+            # ("中" normalizes to " 中 ": Chinese characters are spaced apart, hence the strip)
+            target = tokenizer.token_to_id(normalize(ex["word"]).strip()) if ex["word"] else None
             unreachable += ex["word"] is not None and target is None
             feats.append({"input_ids": e.ids, "token_type_ids": e.type_ids, "attention_mask": [1] * len(e.ids),
                           "labels": -100 if target is None else target,
@@ -90,7 +91,11 @@ class WordTask(Task):
         logits = model.head(out.sequence_output[:, 0]).float()                 # (B, V)
         labels = batch["labels"]
         loss = F.cross_entropy(logits, labels, ignore_index=-100) if (labels != -100).any() else None
-        logits = logits.masked_fill(~batch["candidates"], float("-inf"))
+        candidates = batch["candidates"]
+        if candidates.numel() < logits.size(-1):  # embedding rows past the tokenizer's ids (a vocabulary
+            # padded to a multiple of 8): no token, never a prediction
+            candidates = torch.cat([candidates, candidates.new_zeros(logits.size(-1) - candidates.numel())])
+        logits = logits.masked_fill(~candidates, float("-inf"))
         probs, ids = logits.softmax(-1).topk(10, dim=-1)
         return loss, (ids.cpu(), probs.cpu())
 
