@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -68,20 +69,59 @@ def folder_max_len(folder: str | Path) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def folder_pooling(folder: str | Path) -> str | None:
-    """The pooling a sentence-transformers folder declares (modules.json -> Pooling config)."""
-    folder = Path(folder)
+def _pooling_config(folder: Path) -> dict | None:
+    """A sentence-transformers folder's Pooling config (modules.json -> its path/config.json)."""
     try:
-        modules = _modules(folder)
-        pooling = next(m for m in modules if m.get("type", "").endswith("models.Pooling"))
+        pooling = next(m for m in _modules(folder) if m.get("type", "").endswith("models.Pooling"))
         cfg = json.loads((folder / pooling["path"] / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
+        return None
+    return cfg if isinstance(cfg, dict) else None
+
+
+def folder_pooling(folder: str | Path) -> str | None:
+    """The pooling a sentence-transformers folder declares (modules.json -> Pooling config)."""
+    cfg = _pooling_config(Path(folder))
+    if cfg is None:
         return None
     if cfg.get("pooling_mode_mean_tokens"):
         return "mean"
     if cfg.get("pooling_mode_cls_token"):
         return "cls"
     return None
+
+
+# the steps of a sentence-transformers pipeline that encode runs (Dropout does nothing at inference)
+ST_STEPS = ("models.Transformer", "models.Pooling", "models.Normalize", "models.Dropout")
+
+
+def folder_unsupported(folder: str | Path) -> list[str]:
+    """What a sentence-transformers folder asks of its pipeline that encode does not do: a Dense
+    or other module after pooling (LaBSE's Dense + tanh), a pooling other than one of cls and
+    mean, lower-casing the text. Its vectors would differ from sentence-transformers' ones."""
+    folder = Path(folder)
+    found = [f"its {str(m.get('type')).rsplit('.', 1)[-1]} module ({m.get('path')})"
+             for m in _modules(folder) if not str(m.get("type", "")).endswith(ST_STEPS)]
+    cfg = _pooling_config(folder) or {}
+    modes = sorted(k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v)
+    if modes and modes not in (["cls_token"], ["mean_tokens"]):
+        found.append(f"its pooling ({' + '.join(modes)})")
+    try:
+        lower = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8")).get("do_lower_case")
+    except (OSError, ValueError, AttributeError):
+        lower = False
+    if lower is True:
+        found.append("its do_lower_case (sentence_bert_config.json)")
+    return found
+
+
+def warn_unsupported(folder: str | Path) -> None:
+    """A warning where folder_unsupported finds something: the vectors are not silently other
+    than the ones the folder's model card promises."""
+    found = folder_unsupported(folder)
+    if found:
+        warnings.warn(f"{folder}: bertkit encodes without {', '.join(found)}, which its sentence-transformers "
+                      f"pipeline declares: its vectors differ from sentence-transformers' ones", stacklevel=3)
 
 
 def pool(sequence_output, pooled_output, attention_mask, pooling: str):
@@ -112,11 +152,14 @@ class TokenVectors:
     vectors: np.ndarray                # (n_tokens, H)
 
     def find(self, word: str, text: int = 0) -> np.ndarray:
-        """Mean vector of the pieces of the first occurrence of `word` (lower-cased match)."""
-        pieces = [t.removeprefix("##") for t in self.tokens]
+        """Mean vector of the pieces of the first occurrence of `word` (a whole word, matched
+        case-blind)."""
+        # both sides lower-cased: a cased model's pieces keep their capitals ("Paris")
+        pieces = [t.removeprefix("##").lower() for t in self.tokens]
         target = word.lower()
         for start in range(len(pieces)):
-            if self.sequence_ids[start] != text:
+            # a word starts at a piece without "##": "bank" is not the end of "river ##bank"
+            if self.sequence_ids[start] != text or self.tokens[start].startswith("##"):
                 continue
             joined = ""
             for end in range(start, len(pieces)):
@@ -164,6 +207,7 @@ class Encoder:
         if backend not in BACKENDS:
             raise BertkitError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         tokenizer = load_tokenizer(folder)  # before the weights: a vocabulary too big for them fails fast
+        warn_unsupported(folder)
         defaults = {"pooling": folder_pooling(folder) or "cls", "normalize": folder_normalize(folder),
                     "max_len": folder_max_len(folder)}
         if backend != "torch":

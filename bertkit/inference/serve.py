@@ -91,10 +91,11 @@ class Served:
 
     def __init__(self, folder: str | Path, backend: str = "torch"):
         from ..checkpoint import has_trained_mlm_head, load_model, load_tokenizer
-        from .encode import Encoder, folder_max_len, folder_normalize, folder_pooling
+        from .encode import Encoder, folder_max_len, folder_normalize, folder_pooling, warn_unsupported
 
         self.folder = Path(folder)
         self.name = self.folder.resolve().name
+        warn_unsupported(self.folder)
         self.task = self.task_model = self.mlm_model = None
         from ..finetune import fine_tuned_task, load_task_model
         if fine_tuned_task(self.folder):

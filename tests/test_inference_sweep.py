@@ -1,0 +1,55 @@
+"""Inference edge cases found in a review: each test names the wrong result it guards against."""
+import numpy as np
+import pytest
+import torch
+
+from bertkit import BertkitError, Encoder
+from conftest import hf_tester_config
+
+
+@pytest.fixture(scope="module")
+def encoder(minilm_folder):
+    return Encoder.from_folder(minilm_folder, device="cpu")
+
+
+def test_find_matches_a_whole_word_not_the_end_of_another(encoder):
+    # "riverbank" is river ##bank: find("bank") gave that piece's vector, not the word "bank"
+    [tv] = encoder.token_vectors(["the riverbank and the bank"])
+    assert tv.tokens[2:4] == ["river", "##bank"]
+    np.testing.assert_array_equal(tv.find("bank"), tv.vectors[tv.tokens.index("bank")])
+    with pytest.raises(BertkitError, match="not found"):
+        encoder.token_vectors(["the riverbank"])[0].find("bank")
+
+
+def test_find_is_case_blind_with_a_cased_vocabulary():
+    # a cased model keeps "Paris" as is: the lower-cased match missed it
+    from bertkit import BertModel
+    from bertkit.tokenizer import WordPieceTokenizer
+    tok = WordPieceTokenizer.train(["Paris is in France.", "paris and Rome"] * 20, vocab_size=200, lowercase=False)
+    torch.manual_seed(0)
+    enc = Encoder(BertModel(hf_tester_config(vocab_size=tok.vocab_size)), tok, device="cpu")
+    [tv] = enc.token_vectors(["He saw Paris."])
+    assert "Paris" in tv.tokens
+    np.testing.assert_array_equal(tv.find("Paris"), tv.vectors[tv.tokens.index("Paris")])
+
+
+def test_a_sentence_transformers_step_encode_does_not_run_is_warned_of(tmp_path, tiny_bert):
+    # LaBSE's pipeline ends Pooling(cls) -> Dense(tanh) -> Normalize: bertkit skipped the Dense
+    # without a word, and a max-pooling folder was silently encoded with cls
+    import json
+    import warnings
+
+    from conftest import sentence_transformers_copy
+    from bertkit.inference.serve import Served
+    folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # mean pooling alone: nothing to warn of
+        Encoder.from_folder(folder, device="cpu")
+    modules = json.loads((folder / "modules.json").read_text())
+    modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_max_tokens": True}))
+    for load in (lambda: Encoder.from_folder(folder, device="cpu"), lambda: Served(folder)):
+        with pytest.warns(UserWarning, match=r"Dense module \(2_Dense\).*pooling \(max_tokens\)") as caught:
+            load()
+        assert "differ from sentence-transformers'" in str(caught[0].message)
