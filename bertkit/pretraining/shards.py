@@ -139,14 +139,21 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
         buffer.clear()
 
     tokenizer.tok.no_truncation()
-    pending = 0
-    for doc in documents:
-        buffer.append(doc)
-        pending += len(doc)
-        if pending >= encode_batch:
-            flush()
-            pending = 0
-    flush()
+    # "[MASK]" or "[SEP]" written in the text is text, split as BERT's create_pretraining_data
+    # splits it: as the special ids they sat unpredicted inside segments and were drawn as labels
+    split_specials = tokenizer.tok.encode_special_tokens
+    tokenizer.tok.encode_special_tokens = True
+    try:
+        pending = 0
+        for doc in documents:
+            buffer.append(doc)
+            pending += len(doc)
+            if pending >= encode_batch:
+                flush()
+                pending = 0
+        flush()
+    finally:  # fill-mask and the samples read "[MASK]" as the token
+        tokenizer.tok.encode_special_tokens = split_specials
     for split, w in writers.items():
         w.close()
         meta = dict(format=FORMAT, vocab=vocab_fingerprint(tokenizer), vocab_size=tokenizer.vocab_size,
@@ -157,6 +164,19 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
         shutil.rmtree(folder)
     os.replace(tmp, folder)
     return TokenStore(folder / "train"), TokenStore(folder / "eval")
+
+
+def _shard_problem(shard: Shard) -> str | None:
+    """What makes a shard's three arrays disagree (a token file cut short still loads, and its
+    pairs would be silently short), or None. Reads only their ends."""
+    t, s, d = shard.tokens, shard.sentences, shard.documents
+    if t.ndim != 1 or s.ndim != 1 or d.ndim != 1 or len(s) < 2 or len(d) < 2:
+        return "not the 1-D arrays of a shard"
+    if s[0] != 0 or s[-1] != len(t):
+        return f"the sentences end at token {int(s[-1])} of {len(t)}"
+    if d[0] != 0 or d[-1] != len(s) - 1:
+        return f"the documents end at sentence {int(d[-1])} of {len(s) - 1}"
+    return None
 
 
 class TokenStore:
@@ -180,8 +200,16 @@ class TokenStore:
             if len(self._open) >= 4:  # keep a few shards mapped; batches may span two
                 self._open.pop(next(iter(self._open)))
             base = self.folder / f"shard_{i:05d}"
-            self._open[i] = Shard(*(np.load(f"{base}.{part}.npy", mmap_mode="r")
-                                    for part in ("tokens", "sentences", "documents")))
+            try:
+                shard = Shard(*(np.load(f"{base}.{part}.npy", mmap_mode="r")
+                                for part in ("tokens", "sentences", "documents")))
+                problem = _shard_problem(shard)
+            except (OSError, ValueError, EOFError) as e:  # numpy's errors, from the batch thread
+                problem = str(e)
+            if problem:
+                raise BertkitError(f"{base}: damaged or missing ({problem}); delete {self.folder.parent} "
+                                   "to tokenize the corpus again")
+            self._open[i] = shard
         return self._open[i]
 
     def matches(self, tokenizer: WordPieceTokenizer) -> bool:

@@ -157,6 +157,8 @@ class PretrainConfig:
                      "max_predictions", "eval_pairs", "keep_checkpoints"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.holdout_every < 0:  # Python's modulo made -4 hold out every 4th document
+            raise BertkitError(f"--holdout-every must be at least 0 (0: none held out), got {self.holdout_every}")
         if self.save_every < 0:
             raise BertkitError(f"--save-every must be at least 0 (0: only at the end), got {self.save_every}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -654,6 +656,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     data_iter = _Prefetch(batches.iterate(position))
     window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
                   nsp_hit=0, pairs=0, compute=0.0, steps=0, lr=0.0)
+    if ckpt is not None:  # the steps since the last record, so that the next one is the mean of them all
+        window.update(state.get("window", {}))
 
     def write_window() -> None:
         """The training figures of the steps since the last record (rank 0), then a new window."""
@@ -686,7 +690,12 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     end = resumed.get("schedule_end", cfg.budget)
     step_s, eval_s, save_s = (resumed.get(k, 0.0) for k in ("step_s", "eval_s", "save_s"))
     last_eval = None
+    # resumed from the final checkpoint of this budget: nothing is left to train (a step at lr 0
+    # would still move AdamW's moments and log a step past the end)
+    finished = bool(resumed.get("finished"))
     guard = Guard(MAX_BAD_STEPS)  # steps with a non-finite loss or gradient: not applied
+    if ckpt is not None:  # its counts go on: skipped_steps as logged, and a run of bad steps across the stop
+        guard.load(state.get("guard", {}))
     start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
     now = elapsed()  # the budget's clock (rank 0's) where the last step ended
     (start_s, now), _ = procs.agree_with_rank_0([start_s, now], False)
@@ -694,6 +703,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
     try:
         while True:
+            if cfg.budget and finished:
+                break
             if cfg.budget:
                 # the schedule spans the budget after the first run's data preparation and before the
                 # closing work (the final evaluation and saves), so the lr reaches 0 as training ends
@@ -748,6 +759,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 data_iter = _Prefetch(batches.iterate(position))
                 guard.in_a_row = 0
                 window.update({k: 0 for k in window})  # the steps undone are not logged ...
+                window.update(state.get("window", {}))  # (those before the checkpoint are)
                 log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
                 if main:
                     metrics.drop_after(step)  # ... and their records go: the steps run again
@@ -789,7 +801,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                     t_save = time.perf_counter()
                     _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale,
                           rng, {"budget": cfg.budget, "steps": cfg.steps, "schedule_end": end, "step_s": step_s,
-                                "eval_s": eval_s, "save_s": save_s})
+                                "eval_s": eval_s, "save_s": save_s, "guard": guard.state(),
+                                "window": dict(window), "finished": last})
                     save_s = time.perf_counter() - t_save
                 procs.barrier()
             if interrupted:
@@ -811,6 +824,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     info = {"task": "pretraining", "corpus": cfg.corpus, "steps": step, "max_len": cfg.max_len}
     save_model(model, out, tokenizer=tok, bertkit_info=info)
     records = metrics.records()
+    if last_eval is None:  # resumed from the final checkpoint: its evaluation, not none
+        last_eval = next((r for r in reversed(records) if "eval_mlm_loss" in r), None)
     train_records = [r for r in records if "loss" in r]
     plot_losses(records, out / "loss.png",
                 [("mlm_loss", "MLM (train)"), ("nsp_loss", "NSP (train)"),
