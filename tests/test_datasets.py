@@ -336,6 +336,34 @@ def test_greedy_labels_equal_scoring_each_selection_whole(wiki_excerpt):
         assert readers.greedy_labels(sentences, summary) == _greedy_plain(sentences, summary), (sentences, summary)
 
 
+def test_rouge_tokenizer_is_rouge_scores_on_ascii_and_keeps_every_scripts_words(wiki_excerpt):
+    """rouge-score keeps only a-z and 0-9: a Russian summary had no tokens, so its greedy labels
+    were all 0 and its ROUGE 0. ASCII text still tokenizes exactly as rouge-score does it."""
+    from rouge_score.tokenizers import DefaultTokenizer
+    lines = [line for line in wiki_excerpt.read_text().splitlines() if line.strip() and line.isascii()][:300]
+    for stem in (False, True):
+        ours, theirs = readers.RougeTokenizer(stem), DefaultTokenizer(stem)
+        assert [ours.tokenize(t) for t in lines] == [theirs.tokenize(t) for t in lines]
+    tok = readers.RougeTokenizer(use_stemmer=True)
+    assert tok.tokenize("Кошка сидит, runners’ café!") == ["кошка", "сидит", "runner", "café"]
+    assert tok.tokenize("猫が座った") == ["猫", "が", "座", "っ", "た"]  # unspaced: a character each
+    assert tok.tokenize("हिन्दी भाषा") == ["हिन्दी", "भाषा"]  # vowel signs and viramas stay in their word
+    sentences = ["Собака спит на диване.", "Кошка сидит на ковре.", "Идёт дождь."]
+    assert readers.greedy_labels(sentences, "Кошка сидит на ковре.") == [0, 1, 0]
+    assert readers.greedy_labels(["猫が座った。", "雨が降る。"], "雨が降る") == [0, 1]
+
+
+def test_summarize_rouge_scores_text_outside_latin():
+    from bertkit.tasks import get_task
+    task = get_task("summarize")()
+    example = {"sentences": ["Собака спит на диване.", "Кошка сидит на ковре."], "labels": [0, 1],
+               "summary": "Кошка сидит на ковре."}
+    right = task.metrics([{"summary": ["Кошка сидит на ковре."]}], [example])
+    wrong = task.metrics([{"summary": ["Собака спит на диване."]}], [example])
+    assert right["rouge1"] == right["rouge2"] == right["rougeL"] == 1.0
+    assert 0 < wrong["rouge1"] < 1 and wrong["rouge2"] == 0  # "на" alone is shared
+
+
 @pytest.mark.parametrize("row, message", [
     ({"sentences": ["A.", "B."], "labels": [1]}, r"a\.jsonl, line 2: 2 sentences but 1 labels"),
     ({"sentences": [], "labels": []}, r"a\.jsonl, line 2: the document has no sentences"),

@@ -110,7 +110,10 @@ class SummarizeTask(Task):
 
     def metrics(self, predictions, examples):
         from rouge_score import rouge_scorer
-        scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+
+        from ..data.readers import RougeTokenizer
+        # rouge-score's scores; its tokenizer dropped every letter outside a-z (Russian scored 0)
+        scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=RougeTokenizer(use_stemmer=True))
         totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
         for p, ex in zip(predictions, examples):
             reference = ex.get("summary") or " ".join(s for s, lab in zip(ex["sentences"], ex["labels"]) if lab)
