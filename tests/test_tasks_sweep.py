@@ -71,3 +71,15 @@ def test_a_fine_tuned_folders_task_options_are_checked_when_it_is_loaded(tmp_pat
         info_path.write_text(json.dumps({**info, key: value}))
         with pytest.raises(BertkitError, match=f"bertkit.json: '{key}': .*{why}"):
             load_task_model(tmp_path / "m")
+
+
+def test_ner_knows_i_x_for_a_type_trained_only_in_one_word_entities():
+    """A type seen only as B-X in training (one-word entities) refused an evaluation file's I-X
+    as a tag the model did not know: every BIO type gets both labels."""
+    for name in ("ner", "tag"):
+        task = get_task(name)()
+        train = [{"words": ["Paris", "is", "big"], "tags": ["B-LOC", "O", "O"]},
+                 {"words": ["Ada", "Lovelace", "wrote"], "tags": ["B-PER", "I-PER", "O"]}]
+        task.fit(train, {})
+        assert task.info["labels"] == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"], name
+        task.check([{"words": ["New", "York"], "tags": ["B-LOC", "I-LOC"]}], "dev.conll")

@@ -112,7 +112,11 @@ class NerTask(Task):
             if self.info["scheme"] == "bio" and stray:
                 print(f"bertkit: {stray} training tag(s) I-X begin an entity (after O or another type): "
                       "read as B-X", file=sys.stderr)
-        labels = sorted({t for ex in train for t in self._as_bio(ex["tags"])}, key=lambda t: (t != "O", t[2:], t[:2]))
+        labels = {t for ex in train for t in self._as_bio(ex["tags"])}
+        if not not_bio:  # B-X and I-X for every type: a type seen only in one-word entities refused
+            # an evaluation file's I-X as a tag the model did not know
+            labels |= {f"{p}-{t[2:]}" for t in labels if t != "O" for p in "BI"}
+        labels = sorted(labels, key=lambda t: (t != "O", t[2:], t[:2]))
         if not_bio and self.use_crf:
             raise BertkitError(f"the CRF's transition constraints need BIO tags: {not_bio}") from None
         if not self.use_crf:
