@@ -60,6 +60,15 @@ def test_a_negative_holdout_every_is_refused(tmp_path, every):
         PretrainConfig(corpus="wiki", out=str(tmp_path / "o"), steps=2, holdout_every=every)
 
 
+@pytest.mark.parametrize("tokens", [0, -5])
+def test_shard_tokens_below_one_is_refused(tmp_path, tokens):
+    """shard_tokens 0 ran on, writing a shard every two documents."""
+    from bertkit import BertkitError
+    from bertkit.pretraining.train import PretrainConfig
+    with pytest.raises(BertkitError, match=rf"shard.tokens must be at least 1, got {tokens}"):
+        PretrainConfig(corpus="wiki", out=str(tmp_path / "o"), steps=2, shard_tokens=tokens)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "delete", "short_tokens"])
 def test_a_damaged_shard_is_named_not_a_traceback_or_short_pairs(tmp_path, damage):
     """A shard file cut short, overwritten or gone (a full disk, a stray edit in OUT/data) raised
@@ -118,3 +127,15 @@ def test_resuming_a_finished_budgeted_run_trains_no_more(tmp_path, wiki_excerpt,
     assert _lines(out) == lines
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step_{done['steps']:07d}"]
     assert again["final_eval"] == done["final_eval"] is not None  # summary.json keeps its evaluation
+
+
+def test_a_trainer_json_that_is_not_a_checkpoints_record_is_damaged_not_a_traceback(tmp_path):
+    """Valid JSON of another shape ([], a number, no file list) raised AttributeError, or passed
+    as a whole checkpoint with nothing checked."""
+    from bertkit.training.checkpoints import checkpoint_problem, latest_checkpoint
+    for i, text in enumerate(("[]", "3", '{"step": 3}', '{"files": {"model.safetensors": 5}}')):
+        ckpt = tmp_path / "run" / "checkpoints" / f"step_{i + 1:08d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer.json").write_text(text)
+        assert checkpoint_problem(ckpt) == "trainer.json does not list the checkpoint's files", text
+    assert latest_checkpoint(tmp_path / "run") is None

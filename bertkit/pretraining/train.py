@@ -154,7 +154,7 @@ class PretrainConfig:
         if self.max_predictions is None:
             self.max_predictions = math.ceil(self.max_len * self.mask_prob)
         for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "eval_every", "vocab_size",
-                     "max_predictions", "eval_pairs", "keep_checkpoints"):
+                     "max_predictions", "eval_pairs", "keep_checkpoints", "shard_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.holdout_every < 0:  # Python's modulo made -4 hold out every 4th document

@@ -64,7 +64,11 @@ def checkpoint_problem(ckpt: Path) -> str | None:
         state = json.loads((ckpt / "trainer.json").read_text())
     except (OSError, ValueError) as e:
         return f"trainer.json unreadable ({e})"
-    for name, want in state.get("files", {}).items():
+    files = state.get("files") if isinstance(state, dict) else None
+    if not isinstance(files, dict) or not all(isinstance(w, dict) and {"bytes", "sha256"} <= w.keys()
+                                              for w in files.values()):
+        return "trainer.json does not list the checkpoint's files"
+    for name, want in files.items():
         f = ckpt / name
         if not f.is_file():
             return f"{name} is missing"
