@@ -139,3 +139,19 @@ def test_a_trainer_json_that_is_not_a_checkpoints_record_is_damaged_not_a_traceb
         (ckpt / "trainer.json").write_text(text)
         assert checkpoint_problem(ckpt) == "trainer.json does not list the checkpoint's files", text
     assert latest_checkpoint(tmp_path / "run") is None
+
+
+def test_resuming_pretraining_from_a_fine_tuning_checkpoint_is_refused_by_name(tmp_path):
+    """A fine-tuning run's checkpoint records its own options: pretrain --resume on its --out ended
+    in a KeyError (or compared options pretraining does not have)."""
+    import json
+
+    from bertkit import BertkitError
+    from bertkit.pretraining.train import PretrainConfig, _check_resumable
+    ckpt = tmp_path / "ft" / "checkpoints" / "step_0000003"
+    ckpt.mkdir(parents=True)
+    cfg = PretrainConfig(corpus="wiki", out=str(tmp_path / "ft"), steps=2)
+    for state in ({"step": 3, "files": {}}, {"step": 3, "options": {"task": "classify", "epochs": 3}, "files": {}}):
+        (ckpt / "trainer.json").write_text(json.dumps(state))
+        with pytest.raises(BertkitError, match="is not a checkpoint of `bertkit pretrain`"):
+            _check_resumable(ckpt, cfg, None)

@@ -377,6 +377,9 @@ def _restore(ckpt: Path, model, opt, procs: Processes) -> dict:
 
 def _check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining) -> dict:
     state = json.loads((ckpt / "trainer.json").read_text())
+    if not isinstance(state.get("options"), dict) or not all(hasattr(cfg, k) for k in state["options"]):
+        # a fine-tuning run's --out, say: its checkpoints record other options (a KeyError before)
+        raise BertkitError(f"{ckpt} is not a checkpoint of `bertkit pretrain`; choose another --out")
     saved = load_config(ckpt)
     if saved != model.config:
         diff = [f"{f.name} {getattr(saved, f.name)} in the checkpoint vs {getattr(model.config, f.name)} now"
