@@ -236,24 +236,27 @@ class RecordMatmuls(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in MATMULS:
-            self.calls.append((func, [(a.shape, a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
+            self.calls.append((func, [(tuple(a.shape), a.stride(), a.dtype) if isinstance(a, torch.Tensor) else a
                                       for a in args], kwargs))
         return func(*args, **kwargs)
 
 
 def matmul_ceiling(step, model, opt, batch, repeats: int = 5) -> dict:
     """The step's matmuls alone: every mm/addmm/bmm one fp32 step runs (on F.linear and SDPA's
-    math path, as count_flops), replayed back to back on fresh inputs of the same shapes and
-    strides. Their time bounds the step from below, so step FLOPs over it bounds its MFU from
+    math path, as count_flops), replayed back to back on inputs of the same shapes and strides
+    (one tensor per shape, shared). Their time bounds the step from below, so step FLOPs over it bounds its MFU from
     above: what the step's own matmul shapes allow, whatever else it did. They run on torch's mm
     (MKL); where the step's linear layers run oneDNN's kernel, the bound is MKL's at those shapes."""
     with mkl_linear(), sdpa_kernel(SDPBackend.MATH), RecordMatmuls() as rec:
         step(model, opt, batch)
-    calls = []
-    for func, args, kwargs in rec.calls:
-        made = [torch.empty_strided(a[0], a[1], dtype=a[2]).uniform_(-1, 1) if isinstance(a, tuple) else a
-                for a in args]
-        calls.append((func, made, kwargs))
+    inputs = {}  # one tensor per shape, stride and dtype, shared by the calls that take it (all
+    # the step's inputs at once took 24 GB on mini at length 128)
+
+    def made(a):
+        if a not in inputs:
+            inputs[a] = torch.empty_strided(a[0], a[1], dtype=a[2]).uniform_(-1, 1)
+        return inputs[a]
+    calls = [(func, [made(a) if isinstance(a, tuple) else a for a in args], kwargs) for func, args, kwargs in rec.calls]
     with FlopCounterMode(display=False) as counter:
         for func, made, kwargs in calls:
             func(*made, **kwargs)
