@@ -165,11 +165,7 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     task = get_task(name)(info)
     # the task options it records, checked as `--option` checks them: a hand-edited "k": 0 summarized
     # every document as nothing, "n_best": "5" ended in a ValueError deep in decoding
-    for key in sorted(task.options.keys() & info.keys()):
-        try:
-            task.info[key] = task.options[key](info[key])
-        except ValueError as e:
-            raise BertkitError(f"{info_path}: {key!r}: {e}") from None
+    task.info.update(task.check_options({k: info[k] for k in sorted(task.options.keys() & info.keys())}, info_path))
     tokenizer = load_tokenizer(folder)
     bert, extra = load_model(folder, heads=False)
     try:

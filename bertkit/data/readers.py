@@ -194,9 +194,10 @@ def greedy_labels(sentences: list[str], summary: str) -> list[int]:
     """Extractive labels by greedy ROUGE matching: add the sentence that most improves
     ROUGE-1 F + ROUGE-2 F of the selection against the summary, while the score improves.
 
-    rouge-score's tokenizer (RougeTokenizer: any script), n-gram counts and F formula, but each sentence tokenized
-    once and a candidate's counts added to the selection's (scoring every candidate selection
-    whole took 55 s for a 20,000-sentence document); tested equal to `RougeScorer.score`."""
+    rouge-score's tokenizer (RougeTokenizer: any script), n-gram counts and F formula, but each
+    sentence tokenized once and a candidate's counts added to the selection's (scoring every
+    candidate selection whole took 55 s for a 20,000-sentence document); tested equal to
+    `RougeScorer.score`."""
     _rouge()  # rouge-score installed, or a clear error
     tokenize = RougeTokenizer(use_stemmer=False).tokenize
     ref = tokenize(summary)

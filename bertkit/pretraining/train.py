@@ -695,7 +695,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     last_eval = None
     # resumed from the final checkpoint of this budget: nothing is left to train (a step at lr 0
     # would still move AdamW's moments and log a step past the end)
-    finished = bool(resumed.get("finished"))
+    finished = bool(cfg.budget and resumed.get("finished"))
     guard = Guard(MAX_BAD_STEPS)  # steps with a non-finite loss or gradient: not applied
     if ckpt is not None:  # its counts go on: skipped_steps as logged, and a run of bad steps across the stop
         guard.load(state.get("guard", {}))
@@ -705,9 +705,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     if cfg.budget and start_s >= cfg.budget:
         raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
     try:
-        while True:
-            if cfg.budget and finished:
-                break
+        while not finished:
             if cfg.budget:
                 # the schedule spans the budget after the first run's data preparation and before the
                 # closing work (the final evaluation and saves), so the lr reaches 0 as training ends

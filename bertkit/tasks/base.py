@@ -101,9 +101,10 @@ class Task:
     def __init__(self, info: dict | None = None):
         self.info: dict[str, Any] = dict(info or {})
 
-    def check_options(self, options: dict) -> dict:
+    def check_options(self, options: dict, source: str | None = None) -> dict:
         """The user's task options, checked before any data is read: an unknown key is named with
-        the valid ones, a bad value with what is wrong. Returns them normalised."""
+        the valid ones, a bad value with what is wrong. Returns them normalised. source: the file
+        they were read from (a fine-tuned folder's bertkit.json), else they came as --option."""
         checked = {}
         valid = ", ".join(sorted(self.options)) or "none"
         for key, value in options.items():
@@ -113,7 +114,7 @@ class Task:
             try:
                 checked[key] = self.options[key](value)
             except ValueError as e:
-                raise BertkitError(f"--option {key}={value!r}: {e}") from None
+                raise BertkitError(f"{source}: {key!r}: {e}" if source else f"--option {key}={value!r}: {e}") from None
         return checked
 
     # data
