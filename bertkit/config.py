@@ -47,7 +47,7 @@ class BertConfig:
             raise BertkitError(
                 f"hidden_size {self.hidden_size} is not divisible by "
                 f"num_attention_heads {self.num_attention_heads}")
-        if self.hidden_act not in _GELU_NAMES:
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in _GELU_NAMES:  # a list: unhashable
             raise BertkitError(f"hidden_act {self.hidden_act!r} is not supported (only the erf 'gelu')")
         # values that build a model without complaint and then compute NaN (a LayerNorm eps <= 0)
         # or nonsense (a dropout of 1 zeroes everything; a negative pad id counts from the end)
@@ -118,6 +118,12 @@ class BertConfig:
         pos = d.get("position_embedding_type", "absolute")
         if pos != "absolute":
             raise BertkitError(f"{source}: position_embedding_type {pos!r} is not supported (only 'absolute')")
+        # a decoder's self-attention is causal in transformers (each token sees only those before
+        # it): read as BERT's bidirectional encoder, every vector would differ without a word
+        for key in ("is_decoder", "add_cross_attention"):
+            if d.get(key):
+                raise BertkitError(f"{source}: {key} is {d[key]!r}; bertkit runs BERT as an encoder only "
+                                   "(bidirectional self-attention, no cross-attention)")
         fields = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in d.items() if k in fields}
         missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")

@@ -75,3 +75,23 @@ def test_bad_value_in_config_json_is_named(tmp_path, minilm_folder):
     path.write_text(json.dumps({**d, "layer_norm_eps": -1}))
     with pytest.raises(BertkitError, match=r"config.json: config field layer_norm_eps must be a positive finite number, got -1"):
         BertConfig.from_json(path)
+
+
+@pytest.mark.parametrize("key", ["is_decoder", "add_cross_attention"])
+def test_decoder_config_is_refused(tmp_path, key):
+    # transformers runs such a BertModel with causal (and cross) attention: read as an encoder,
+    # its outputs differed without a word
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 1,
+                                "num_attention_heads": 4, "is_decoder": key == "is_decoder",
+                                "add_cross_attention": True if key == "add_cross_attention" else False}))
+    with pytest.raises(BertkitError, match=f"config.json: {key} is True; bertkit runs BERT as an encoder only"):
+        BertConfig.from_json(path)
+    path.write_text(json.dumps({"vocab_size": 99, "hidden_size": 32, "num_hidden_layers": 1,
+                                "num_attention_heads": 4, "is_decoder": False, "add_cross_attention": False}))
+    assert BertConfig.from_json(path).num_hidden_layers == 1
+
+
+def test_hidden_act_not_a_string_is_named():
+    with pytest.raises(BertkitError, match=r"hidden_act \['gelu'\] is not supported"):
+        BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, hidden_act=["gelu"])
