@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 SPECIAL_TOKENS = [PAD, UNK, CLS, SEP, MASK]
+# tokenizer_config.json's keys for BERT's normaliser, as transformers names them
+_NORMALIZER_KEYS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
+# the tokenizer_class values (None: a model folder's config.json says bert) whose transformers
+# class builds that normaliser itself
+_BERT_TOKENIZER_CLASSES = (None, "BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast")
 
 
 def _renumber(tok: Tokenizer) -> None:
@@ -166,7 +171,9 @@ class WordPieceTokenizer:
     @classmethod
     def from_folder(cls, folder: str | Path) -> "WordPieceTokenizer":
         """The folder's tokenizer.json, else its vocab.txt. Casing comes from the folder's own files, in
-        order: tokenizer_config.json do_lower_case; the normaliser in tokenizer.json; the vocabulary."""
+        order: tokenizer_config.json do_lower_case; the normaliser in tokenizer.json; the vocabulary.
+        A tokenizer_config.json that sets any of do_lower_case, strip_accents, tokenize_chinese_chars
+        gives tokenizer.json the normaliser transformers' BertTokenizer builds from them."""
         folder = Path(folder)
         if not folder.is_dir():
             raise BertkitError(f"{folder}: " + ("no such folder" if not folder.exists() else "not a folder") +
@@ -184,6 +191,17 @@ class WordPieceTokenizer:
                 tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             except Exception as e:  # the Rust side raises a bare Exception
                 raise BertkitError(f"{folder / 'tokenizer.json'}: cannot read tokenizer ({e})") from None
+            if settings.get("tokenizer_class") not in _BERT_TOKENIZER_CLASSES:
+                lowercase = None  # transformers runs such a class on tokenizer.json as it is
+            elif any(settings.get(k) is not None for k in _NORMALIZER_KEYS):
+                # transformers' BertTokenizer builds its normaliser from these keys (its defaults for
+                # those not given), whatever tokenizer.json holds: do_lower_case false beside a
+                # lowercasing tokenizer.json was lowercased here and not there, and saved so
+                strip = settings.get("strip_accents")
+                lowercase = True if lowercase is None else lowercase
+                tok.normalizer = normalizers.BertNormalizer(
+                    clean_text=True, handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+                    strip_accents=None if strip is None else bool(strip), lowercase=lowercase)
             if lowercase is None:
                 lowercase = _normalizer_lowercase(tok)
             if lowercase is None:

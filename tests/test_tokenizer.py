@@ -352,3 +352,32 @@ def test_decode_writes_special_tokens_as_transformers_does_and_refuses_bad_ids(m
             minilm_tok.decode([7592, bad])
     with pytest.raises(BertkitError, match="not a str"):
         minilm_tok.decode("hello")
+
+
+@pytest.mark.parametrize("settings, json_lowercase", [
+    ({"tokenizer_class": "BertTokenizer", "do_lower_case": False}, True),
+    ({"do_lower_case": True, "strip_accents": True}, False),
+    ({"tokenizer_class": "BertTokenizerFast", "do_lower_case": True}, False),
+    ({"tokenizer_class": "PreTrainedTokenizerFast", "do_lower_case": False}, True)])
+def test_a_tokenizer_json_normalises_as_transformers_reads_the_folder(tmp_path, settings, json_lowercase):
+    """transformers' BertTokenizer builds its normaliser from tokenizer_config.json, not from
+    tokenizer.json: do_lower_case false beside a lowercasing tokenizer.json was lowercased here,
+    not there, and saved so (a generic tokenizer class keeps tokenizer.json's)."""
+    import json
+
+    from transformers import AutoTokenizer
+    words = ["hello", "Hello", "cafe", "café", "Café", "world", "World", "."]
+    folder = _small_vocab(tmp_path / "model", words)
+    made = WordPieceTokenizer.from_vocab(folder / "vocab.txt", lowercase=json_lowercase, strip_accents=False)
+    (folder / "tokenizer.json").write_text(made.tok.to_str())
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    text = "Hello Café World."
+    ours = WordPieceTokenizer.from_folder(folder)
+    hf = AutoTokenizer.from_pretrained(str(folder))
+    assert ours.encode([text]).input_ids[0].tolist() == hf(text)["input_ids"]
+    ours.save(tmp_path / "saved")
+    (tmp_path / "saved" / "config.json").write_text('{"model_type": "bert"}')
+    again = AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
+    assert again(text)["input_ids"] == hf(text)["input_ids"]
+    assert WordPieceTokenizer.from_folder(tmp_path / "saved").encode([text]).input_ids[0].tolist() == hf(text)["input_ids"]
