@@ -422,7 +422,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                       "outside bertkit")
     ex.add_argument("--int8", action="store_true",
                     help="also write the int8 model (dynamic int8 weights): model.int8.onnx, or FILE.int8.onnx")
-    ex.add_argument("--overwrite", action="store_true", help="write into a non-empty --out, or over an --onnx file")
+    ex.add_argument("--overwrite", action="store_true",
+                    help="write into a non-empty --out (its model files the model lacks removed), or over an --onnx file")
     ex.set_defaults(func=cmd_export)
 
     from .data.registry import DATASETS

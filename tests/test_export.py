@@ -242,3 +242,28 @@ def test_int8_export_keeps_a_scale_per_output_channel(exported, tmp_path):
     quantize_int8(exported / "model.onnx", tmp_path / "one.onnx", per_channel=False)
     one = weight_scales(tmp_path / "one.onnx")
     assert len(one) == len(ours) and all(size == 1 for size in one), one
+
+
+def test_export_over_an_earlier_one_leaves_none_of_its_model_files(tmp_path, tiny_bert, exported):
+    """export --overwrite into an earlier export kept the files the new model lacks: its
+    tokenizer.json was read in place of the new vocab.txt (other ids, without a word), its
+    bertkit.json named a task the new model was not fine-tuned for."""
+    import shutil
+
+    from bertkit.checkpoint import load_tokenizer
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(tiny_bert / name, src / name)
+    lines = (tiny_bert / "vocab.txt").read_text().splitlines()
+    a, b = lines.index("the"), lines.index("a")
+    lines[a], lines[b] = lines[b], lines[a]  # another vocabulary of the same size
+    (src / "vocab.txt").write_text("\n".join(lines) + "\n")
+    (src / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    out = tmp_path / "out"
+    shutil.copytree(exported, out)
+    (out / "bertkit.json").write_text(json.dumps({"task": "classify", "labels": ["a", "b"]}))
+    assert main(["export", "--model", str(src), "--out", str(out), "--overwrite"]) == 0
+    assert not (out / "tokenizer.json").exists() and not (out / "bertkit.json").exists()
+    text = ["the cat sat on a mat"]
+    assert load_tokenizer(out).encode(text).input_ids.tolist() == load_tokenizer(src).encode(text).input_ids.tolist()

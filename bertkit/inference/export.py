@@ -22,6 +22,10 @@ from .onnx_runtime import (HEAD_ONNX, INPUTS, MANIFEST, ONNX, ONNX_INT8, OUTPUTS
                            source_files)
 
 SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model
+# the files that decide how a model folder is read (weights, tokenizer, task, pooling)
+MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "vocab.txt", "tokenizer.json",
+               "tokenizer_config.json", "special_tokens_map.json", "bertkit.json", "modules.json",
+               "sentence_bert_config.json", "config_sentence_transformers.json")
 
 
 class _Graph(nn.Module):
@@ -145,6 +149,9 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
     out.mkdir(parents=True, exist_ok=True)
     for name in (ONNX, ONNX_INT8, HEAD_ONNX, MANIFEST):  # an earlier export's (--overwrite): never left stale
         (out / name).unlink(missing_ok=True)
+    for name in MODEL_FILES:  # an earlier export's file the model lacks would be read in place of the model's:
+        if (out / name).is_file() and not (folder / name).exists():  # its tokenizer.json before this vocab.txt
+            (out / name).unlink()
     for f in folder.iterdir():  # the folder's files and sub-folders (a sentence-transformers pooling config)
         if f.is_file() and f.name not in (ONNX, ONNX_INT8, HEAD_ONNX, MANIFEST):
             shutil.copy2(f, out / f.name)
