@@ -191,6 +191,15 @@ class WordPieceTokenizer:
                 tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             except Exception as e:  # the Rust side raises a bare Exception
                 raise BertkitError(f"{folder / 'tokenizer.json'}: cannot read tokenizer ({e})") from None
+            # transformers' BertTokenizer keeps tokenizer.json's vocabulary and builds BERT's pipeline
+            # around it: one without a post-processor (as `tokenizers` trains it) encoded no [CLS] and
+            # [SEP], one without a pre-tokenizer read a text as one word ([UNK]), one without its
+            # special tokens registered split "[MASK]" into three [UNK]s
+            tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+            tok.decoder = decoders.WordPiece(prefix="##")
+            tok.add_special_tokens([t for t in SPECIAL_TOKENS if tok.token_to_id(t) is not None])
+            if tok.token_to_id(CLS) is not None and tok.token_to_id(SEP) is not None:
+                _set_post_processor(tok)
             if settings.get("tokenizer_class") not in _BERT_TOKENIZER_CLASSES:
                 lowercase = None  # transformers runs such a class on tokenizer.json as it is
             elif any(settings.get(k) is not None for k in _NORMALIZER_KEYS):

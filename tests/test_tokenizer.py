@@ -381,3 +381,25 @@ def test_a_tokenizer_json_normalises_as_transformers_reads_the_folder(tmp_path, 
     again = AutoTokenizer.from_pretrained(str(tmp_path / "saved"))
     assert again(text)["input_ids"] == hf(text)["input_ids"]
     assert WordPieceTokenizer.from_folder(tmp_path / "saved").encode([text]).input_ids[0].tolist() == hf(text)["input_ids"]
+
+
+@pytest.mark.parametrize("change", ["no post-processor", "no pre-tokenizer", "no added tokens"])
+def test_a_tokenizer_json_gets_berts_pipeline_as_in_transformers(tmp_path, change):
+    """transformers' BertTokenizer takes tokenizer.json's vocabulary and builds BERT's pipeline
+    around it: a tokenizer.json without a post-processor (as `tokenizers` trains one) encoded
+    no [CLS] and [SEP] here, one without a pre-tokenizer read a text as one [UNK], one without
+    its special tokens registered split [MASK] into three pieces."""
+    import json
+
+    from transformers import AutoTokenizer
+    folder = _small_vocab(tmp_path / "model", ["hello", "cafe", "world", "."])
+    made = json.loads(WordPieceTokenizer.from_vocab(folder / "vocab.txt", lowercase=True).tok.to_str())
+    made.update({"no post-processor": {"post_processor": None}, "no pre-tokenizer": {"pre_tokenizer": None},
+                 "no added tokens": {"added_tokens": []}}[change])
+    (folder / "tokenizer.json").write_text(json.dumps(made))
+    (folder / "tokenizer_config.json").write_text('{"do_lower_case": true}')
+    (folder / "config.json").write_text('{"model_type": "bert"}')
+    texts, pairs = ["Hello [MASK] world.", "cafe"], ["world", "hello hello"]
+    ours = WordPieceTokenizer.from_folder(folder).encode(texts, pairs)
+    hf = AutoTokenizer.from_pretrained(str(folder))(texts, pairs, padding=True)
+    assert ours.input_ids.tolist() == hf["input_ids"] and ours.token_type_ids.tolist() == hf["token_type_ids"]
