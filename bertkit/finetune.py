@@ -123,9 +123,16 @@ def _head_state(model: TaskModel) -> dict[str, torch.Tensor]:
     return {k: v for k, v in model.head.state_dict(keep_vars=True).items() if id(v) not in shared}
 
 
+# the prefix of a head's tensors where no transformers class runs that head (classify on [CLS] or the
+# mean or with an MLP, the CRF tagger, summarize, word): under transformers' own names, a classifier
+# on the mean loaded into BertForSequenceClassification without a word and ran on the pooler there
+OWN_HEAD = "bertkit_head."
+
+
 def save_task_model(model: TaskModel, task: Task, tokenizer: WordPieceTokenizer, out: Path) -> None:
+    prefix = OWN_HEAD if task.hf_architecture == "BertModel" else ""
     save_model(model.bert, out, tokenizer, bertkit_info={"task": task.name, **task.info},
-               extra_tensors={k: v.detach() for k, v in _head_state(model).items()},
+               extra_tensors={prefix + k: v.detach() for k, v in _head_state(model).items()},
                architecture=task.hf_architecture, config_extra=task.hf_config())
 
 
@@ -173,6 +180,7 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
     except KeyError as e:
         raise BertkitError(f"{info_path}: no {e.args[0]!r} field, which the {name} head is built from") from None
     wanted = _head_state(model)
+    extra = {k.removeprefix(OWN_HEAD): v for k, v in extra.items()}  # folders saved before the prefix: without it
     missing = [k for k in wanted if k not in extra]
     if missing:
         raise BertkitError(f"{weights_path(folder)}: the {name} head's tensor {missing[0]!r} is missing")

@@ -567,3 +567,33 @@ def test_ner_metrics_with_no_entity_predicted_are_zero_without_a_warning():
         warnings.simplefilter("error")
         scores = NerTask({}).metrics([["O", "O"]], [{"tags": ["B-PER", "O"]}])
     assert (scores["precision"], scores["recall"], scores["f1"], scores["token_accuracy"]) == (0, 0, 0, 0.5)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_head_transformers_would_run_otherwise_is_not_loaded_by_it_silently(tmp_path, tiny_bert, pooling):
+    """A classifier on the mean (MiniLM's default) or on [CLS] was saved as classifier.weight:
+    transformers' BertForSequenceClassification loaded it without a word and ran it on the
+    pooler (other predictions). Under bertkit's own names it reports the head as missing; bertkit
+    reads both layouts."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForSequenceClassification
+
+    from bertkit.checkpoint import load_model
+    from bertkit.finetune import load_task_model, save_task_model
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    bert, _ = load_model(tiny_bert, heads=False)
+    task = get_task("classify")({"labels": ["a", "b"], "pooling": pooling})
+    torch.manual_seed(0)
+    model = TaskModel(bert, task.head(bert.config, bert)).eval()
+    out = tmp_path / "clf"
+    save_task_model(model, task, WordPieceTokenizer.from_folder(tiny_bert), out)
+    _, info = AutoModelForSequenceClassification.from_pretrained(str(out), output_loading_info=True)
+    assert {"classifier.weight", "classifier.bias"} <= set(info["missing_keys"])
+    tensors = load_file(str(out / "model.safetensors"))
+    _, loaded, tok = load_task_model(out, device="cpu")
+    torch.testing.assert_close(loaded.head.classifier.weight, model.head.classifier.weight, atol=0, rtol=0)
+    # a folder saved before the prefix
+    save_file({k.removeprefix("bertkit_head."): v for k, v in tensors.items()}, str(out / "model.safetensors"))
+    _, old, _ = load_task_model(out, device="cpu")
+    torch.testing.assert_close(old.head.classifier.weight, model.head.classifier.weight, atol=0, rtol=0)
