@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import BertConfig
+from .errors import BertkitError
 
 
 # ---- dropout -------------------------------------------------------------------------------
@@ -292,6 +293,12 @@ class Embeddings(nn.Module):
         self.drop = Dropout(cfg.hidden_dropout_prob)
 
     def forward(self, input_ids, token_type_ids):
+        # a model of one segment type (config.json type_vocab_size 1) given a text pair: an IndexError
+        # deep in torch otherwise (checked only for such models, never while tracing for export)
+        if (self.segment.num_embeddings == 1 and not torch.compiler.is_compiling()
+                and not torch.jit.is_tracing() and bool(token_type_ids.any())):
+            raise BertkitError("a text pair needs segment ids 0 and 1, but this model has one segment type "
+                               "(config.json type_vocab_size 1); give single texts")
         T = input_ids.size(1)
         positions = torch.arange(T, device=input_ids.device)  # (T,), broadcast over the batch
         x = self.word(input_ids) + self.position(positions) + self.segment(token_type_ids)  # (B, T, H)

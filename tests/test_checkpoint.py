@@ -278,3 +278,23 @@ def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path):
     (bad / "model.safetensors.index.json").write_text("[]")
     with pytest.raises(BertkitError, match="index.json: not a safetensors index"):
         load_model(bad)
+
+
+def test_a_pair_for_a_model_of_one_segment_type_is_refused_in_words(tmp_path):
+    """config.json type_vocab_size 1 (no segment B embedding): a text pair ended in an
+    IndexError from deep inside torch; single texts run, and the export still traces."""
+    from bertkit.config import BertConfig
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                     intermediate_size=64, type_vocab_size=1)
+    model = BertModel(cfg).eval()
+    ids = torch.tensor([[2, 5, 6, 3, 7, 3]])
+    with pytest.raises(BertkitError, match="one segment type \\(config.json type_vocab_size 1\\)"):
+        model(ids, torch.tensor([[0, 0, 0, 0, 1, 1]]))
+    assert model(ids, torch.zeros_like(ids)).sequence_output.shape == (1, 6, 32)
+    pytest.importorskip("onnxruntime")
+    from bertkit.inference.export import export_onnx
+    from bertkit.inference.onnx_runtime import OnnxEncoder
+    export_onnx(model, tmp_path / "m.onnx")
+    onnx = OnnxEncoder(tmp_path / "m.onnx", cfg)
+    with pytest.raises(BertkitError, match="type_vocab_size 1"):
+        onnx.run(ids.numpy(), ids.numpy() * 0 + (ids.numpy() == 7))
