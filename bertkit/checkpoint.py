@@ -106,6 +106,10 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
         others = sorted(p.name for p in folder.glob("*.bin")) + sorted(p.name for p in folder.glob("*.pt"))
         hint = (f" (found {', '.join(others)}: pickled weights are never loaded; convert them to "
                 "safetensors)") if others else ""
+        # a TensorFlow or Flax release (tf_model.h5, flax_model.msgpack) has no PyTorch weights at all
+        found = sorted(p.name for p in folder.glob("*.h5")) + sorted(p.name for p in folder.glob("*.msgpack"))
+        if found and not others:
+            hint = f" (found {', '.join(found)}: TensorFlow and Flax weights are not read; convert them to safetensors)"
         raise BertkitError(f"{folder}: no {WEIGHTS} in this folder{hint}")
     try:
         return load_file(str(path))

@@ -298,3 +298,12 @@ def test_a_pair_for_a_model_of_one_segment_type_is_refused_in_words(tmp_path):
     onnx = OnnxEncoder(tmp_path / "m.onnx", cfg)
     with pytest.raises(BertkitError, match="type_vocab_size 1"):
         onnx.run(ids.numpy(), ids.numpy() * 0 + (ids.numpy() == 7))
+
+
+def test_a_tensorflow_or_flax_folder_is_named_as_one(tmp_path, minilm_folder):
+    (tmp_path / "config.json").write_text((minilm_folder / "config.json").read_text())
+    (tmp_path / "tf_model.h5").write_bytes(b"x")
+    (tmp_path / "flax_model.msgpack").write_bytes(b"x")
+    with pytest.raises(BertkitError, match=r"no model.safetensors in this folder \(found tf_model.h5, "
+                                           r"flax_model.msgpack: TensorFlow and Flax weights are not read"):
+        load_model(tmp_path)
