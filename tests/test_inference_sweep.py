@@ -53,3 +53,19 @@ def test_a_sentence_transformers_step_encode_does_not_run_is_warned_of(tmp_path,
         with pytest.warns(UserWarning, match=r"Dense module \(2_Dense\).*pooling \(max_tokens\)") as caught:
             load()
         assert "differ from sentence-transformers'" in str(caught[0].message)
+
+
+def test_fill_mask_never_answers_an_id_past_the_tokenizer():
+    # a config.json vocab_size padded past the vocabulary (as some checkpoints are, to a multiple
+    # of 8): a padded row scoring high came back as {"token": None}
+    from bertkit import BertForPreTraining
+    from bertkit.inference.fill_mask import fill_mask
+    from bertkit.tokenizer import WordPieceTokenizer
+    tok = WordPieceTokenizer.train(["the cat sat on the mat.", "a dog ran in the park."] * 20, vocab_size=120)
+    torch.manual_seed(0)
+    model = BertForPreTraining(hf_tester_config(vocab_size=tok.vocab_size + 8)).eval()
+    with torch.no_grad():
+        model.mlm.bias[tok.vocab_size:] = 50.0  # the padded rows would win every slot
+    [[cands]] = fill_mask(model, tok, ["the [MASK] sat."], top_k=3)
+    assert [c["token"] for c in cands] == [c["token"] for c in cands if c["token"] in tok.tok.get_vocab()]
+    assert len(cands) == 3 and all(c["token"] is not None for c in cands)

@@ -37,6 +37,9 @@ def fill_mask(model: BertForPreTraining, tokenizer: WordPieceTokenizer, texts: l
                               for i in chunk])                                # (b, P)
         out = model(**{k: v[chunk] for k, v in inputs.items()}, mlm_positions=padded.to(device))
         probs = out.mlm_logits.float().softmax(-1)                           # (b, P, V)
+        # a vocabulary padded past the tokenizer's ids (config.json vocab_size larger): those rows
+        # are no token, so never a candidate; the others keep their softmax over all V, as in transformers
+        probs = probs[..., :tokenizer.vocab_size]
         scores, ids = probs.topk(min(top_k, probs.size(-1)), dim=-1)
         results += [[[{"token": tokenizer.id_to_token(int(t)), "score": float(s)}
                       for t, s in zip(ids[r, j], scores[r, j])] for j in range(len(positions[i]))]
