@@ -249,6 +249,12 @@ def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | N
     if bertkit_info is not None:
         atomic_write(folder / "bertkit.json",
                      lambda p: Path(p).write_text(json.dumps(bertkit_info, indent=2) + "\n"))
+    for name in SENTENCE_TRANSFORMERS_FILES:  # an earlier model's (saved over with --overwrite): its pooling,
+        (folder / name).unlink(missing_ok=True)  # normalising and length would be read as this model's
     return folder
+
+
+# what makes a folder a sentence-transformers one; bertkit keeps a saved model's pooling in bertkit.json
+SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 
 

@@ -307,3 +307,20 @@ def test_a_tensorflow_or_flax_folder_is_named_as_one(tmp_path, minilm_folder):
     with pytest.raises(BertkitError, match=r"no model.safetensors in this folder \(found tf_model.h5, "
                                            r"flax_model.msgpack: TensorFlow and Flax weights are not read"):
         load_model(tmp_path)
+
+
+def test_a_model_saved_over_a_sentence_transformers_folder_leaves_none_of_its_pipeline(tmp_path, minilm_folder):
+    # `finetune --overwrite` into an old MiniLM copy kept its modules.json: encode then pooled the
+    # new model by the mean and normalised it, as the old folder declared
+    import shutil
+
+    from bertkit.inference.encode import Encoder, folder_pooling
+    from conftest import save_tiny_bert
+    out = tmp_path / "out"
+    shutil.copytree(minilm_folder, out)
+    assert folder_pooling(out) == "mean"
+    save_tiny_bert(out, minilm_folder)
+    assert not any((out / n).exists() for n in ("modules.json", "sentence_bert_config.json",
+                                                "config_sentence_transformers.json"))
+    enc = Encoder.from_folder(out, device="cpu")
+    assert (enc.default_pooling, enc.default_normalize, enc.default_max_len) == ("cls", False, None)
