@@ -155,3 +155,17 @@ def test_resuming_pretraining_from_a_fine_tuning_checkpoint_is_refused_by_name(t
         (ckpt / "trainer.json").write_text(json.dumps(state))
         with pytest.raises(BertkitError, match="is not a checkpoint of `bertkit pretrain`"):
             _check_resumable(ckpt, cfg, None)
+
+
+def test_a_model_folder_of_one_segment_type_is_refused_before_any_tokenizing(tmp_path, minilm_folder):
+    """Pretraining a type_vocab_size 1 folder tokenized the corpus, then hit an IndexError inside
+    torch at the first sentence pair (segment 1 has no embedding)."""
+    from bertkit import BertkitError
+    from bertkit.pretraining.train import PretrainConfig, pretrain
+    from conftest import save_tiny_bert
+    folder = save_tiny_bert(tmp_path / "one_type", minilm_folder, type_vocab_size=1)
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat. It slept.\n\nA dog ran. It barked.\n")
+    with pytest.raises(BertkitError, match="type_vocab_size is 1, but pretraining's sentence pairs need two"):
+        pretrain(PretrainConfig(corpus=str(corpus), model=str(folder), out=str(tmp_path / "o"), steps=2, progress=False))
+    assert not (tmp_path / "o").exists()

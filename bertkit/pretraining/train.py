@@ -308,6 +308,17 @@ def _prepare_data(cfg: PretrainConfig, tok: WordPieceTokenizer, data: Path, docu
     return tokenize_corpus(documents, tok, shards, cfg.holdout_every, cfg.shard_tokens)
 
 
+def _check_model_folder(cfg: PretrainConfig) -> None:
+    """What the run asks of a --model folder's config.json: two segment types for the sentence
+    pairs (one only: an IndexError deep in torch at the first batch) and positions for --max-len."""
+    model_cfg = load_config(cfg.model)
+    if model_cfg.type_vocab_size < 2:
+        raise BertkitError(f"{cfg.model}: config.json type_vocab_size is {model_cfg.type_vocab_size}, but "
+                           "pretraining's sentence pairs need two segment types (next sentence prediction)")
+    if cfg.max_len > model_cfg.max_position_embeddings:
+        raise BertkitError(f"--max-len {cfg.max_len} exceeds the model's {model_cfg.max_position_embeddings} positions")
+
+
 def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining:
     if cfg.model in PRESETS:
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size,
@@ -555,6 +566,8 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     if found == 1:
         hint = "give two or more files with text" if cfg.doc_per_file else "separate documents with a blank line"
         raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents, found 1 ({hint})")
+    if cfg.model not in PRESETS and not cfg.resume:  # a folder that cannot train fails before any tokenizing
+        _check_model_folder(cfg)
     log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress and main else (lambda msg: None)
     ckpt = None
     # a pretraining run's folder, finished or not, or prepared data (vocabulary and shards) to reuse
