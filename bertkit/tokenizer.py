@@ -281,6 +281,12 @@ class WordPieceTokenizer:
     def id_to_token(self, i: int) -> str | None:
         return self.tok.id_to_token(i)
 
+    def normalize(self, text: str) -> str:
+        """`text` as the tokenizer's normalizer leaves it before splitting it into pieces (an uncased
+        BERT's: lower-cased, accents stripped, CJK characters spaced apart)."""
+        n = self.tok.normalizer
+        return text if n is None else n.normalize_str(text)
+
     def special_ids(self) -> list[int]:
         return [self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id]
 

@@ -69,3 +69,41 @@ def test_fill_mask_never_answers_an_id_past_the_tokenizer():
     [[cands]] = fill_mask(model, tok, ["the [MASK] sat."], top_k=3)
     assert [c["token"] for c in cands] == [c["token"] for c in cands if c["token"] in tok.tok.get_vocab()]
     assert len(cands) == 3 and all(c["token"] is not None for c in cands)
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+def test_find_normalizes_the_word_as_the_tokenizer_does(lowercase):
+    # an uncased vocabulary strips accents: the pieces read "cafe" and find("Café") missed them;
+    # a CJK word is split into one word per character by the normalizer
+    from bertkit import BertModel
+    from bertkit.tokenizer import WordPieceTokenizer
+    tok = WordPieceTokenizer.train(["Café au lait at the Café.", "we met in 北京 today"] * 20, vocab_size=200,
+                                   lowercase=lowercase)
+    torch.manual_seed(0)
+    enc = Encoder(BertModel(hf_tester_config(vocab_size=tok.vocab_size)), tok, device="cpu")
+    [tv] = enc.token_vectors(["He saw the Café in 北京."])
+    word = "cafe" if lowercase else "Café"
+    assert word in tv.tokens
+    np.testing.assert_array_equal(tv.find("Café"), tv.vectors[tv.tokens.index(word)])
+    np.testing.assert_array_equal(tv.find("café"), tv.vectors[tv.tokens.index(word)])
+    i = tv.tokens.index("北")
+    assert tv.tokens[i + 1] == "京"
+    np.testing.assert_allclose(tv.find("北京"), tv.vectors[i:i + 2].mean(0))
+    with pytest.raises(BertkitError, match="not found"):
+        tv.find("saw café")  # both words of the text, but not in a row
+
+
+def test_find_keeps_word_boundaries_of_a_phrase(tmp_path):
+    # "new york" must be two words: the pieces of "newyork" (new ##york) are not it
+    from bertkit import BertModel
+    from bertkit.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer
+    (tmp_path / "vocab.txt").write_text("\n".join(SPECIAL_TOKENS + ["i", "love", "new", "york", "##york"]) + "\n")
+    tok = WordPieceTokenizer.from_vocab(tmp_path / "vocab.txt", lowercase=True)
+    torch.manual_seed(0)
+    enc = Encoder(BertModel(hf_tester_config(vocab_size=tok.vocab_size)), tok, device="cpu")
+    glued, spaced = enc.token_vectors(["i love newyork", "i love new york"])
+    assert "##york" in glued.tokens, glued.tokens
+    with pytest.raises(BertkitError, match="not found"):
+        glued.find("new york")
+    i = spaced.tokens.index("new")
+    np.testing.assert_allclose(spaced.find("new york"), spaced.vectors[i:i + 2].mean(0))

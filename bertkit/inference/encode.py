@@ -13,9 +13,9 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -150,19 +150,31 @@ class TokenVectors:
     offsets: list[tuple[int, int]]     # character span of each piece in its own text
     sequence_ids: list[int | None]     # 0 = first text, 1 = pair text, None = special token
     vectors: np.ndarray                # (n_tokens, H)
+    # the tokenizer's normalizer (WordPieceTokenizer.normalize); None: the word is taken as is
+    normalize: Callable[[str], str] | None = field(default=None, repr=False, compare=False)
 
     def find(self, word: str, text: int = 0) -> np.ndarray:
         """Mean vector of the pieces of the first occurrence of `word` (a whole word, matched
-        case-blind)."""
-        # both sides lower-cased: a cased model's pieces keep their capitals ("Paris")
-        pieces = [t.removeprefix("##").lower() for t in self.tokens]
-        target = word.lower()
+        case-blind). The word is normalized as the tokenizer normalizes text, so "café" finds the
+        pieces an accent-stripping vocabulary made of it ("cafe"); words of a phrase ("new york")
+        must be whole words in the text too."""
+        # the normalizer may space characters apart (CJK): pieces hold no spaces, so a space in
+        # the target is a place where a new word must start
+        words = (self.normalize(word) if self.normalize else word).casefold().split()
+        target = "".join(words)
+        if not target:
+            raise BertkitError(f"word {word!r} is empty after the tokenizer's normalization")
+        starts = {sum(map(len, words[:i])) for i in range(1, len(words))}
+        # both sides case-folded: a cased model's pieces keep their capitals ("Paris")
+        pieces = [t.removeprefix("##").casefold() for t in self.tokens]
         for start in range(len(pieces)):
             # a word starts at a piece without "##": "bank" is not the end of "river ##bank"
             if self.sequence_ids[start] != text or self.tokens[start].startswith("##"):
                 continue
             joined = ""
             for end in range(start, len(pieces)):
+                if len(joined) in starts and self.tokens[end].startswith("##"):
+                    break
                 joined += pieces[end]
                 if joined == target and (end + 1 == len(self.tokens)
                                          or not self.tokens[end + 1].startswith("##")):
@@ -273,7 +285,7 @@ class Encoder:
             for row, i in enumerate(idx):
                 n = len(batch.tokens[row])
                 result[i] = TokenVectors(batch.tokens[row], batch.offsets[row], batch.sequence_ids[row],
-                                         seq[row, :n])
+                                         seq[row, :n], self.tokenizer.normalize)
         _check_finite([r.vectors for r in result])
         return result
 
