@@ -206,6 +206,23 @@ def test_encode_errors_name_the_field_or_limit(tiny_bert, request_, status, word
         assert words in r.json()["error"]
 
 
+def test_attention_limit_is_the_models_positions_at_most(pretrained, tiny_bert):
+    # --max-attention-tokens 1000 on a 512-position model: a 600-token text passed the check and
+    # the tokenizer's own refusal came back as a 422, naming no limit
+    with client(pretrained, max_attention_tokens=1000) as c:
+        assert c.get("/info").json()["limits"]["max_attention_tokens"] == 512
+        r = c.post("/attention", json={"text": "word " * 600})
+        assert r.status_code == 413, r.text
+        assert "over the limit of 512 tokens per text (the model's 512 positions; --max-attention-tokens 1000" \
+            in r.json()["error"]
+        assert c.post("/attention", json={"text": "The crane flew."}).status_code == 200
+    # a /encode limit equal to the attention one was named --max-attention-tokens
+    with client(tiny_bert, max_tokens=128) as c:
+        assert c.get("/info").json()["limits"]["max_attention_tokens"] == 128
+        r = c.post("/encode", json={"texts": ["word " * 200]})
+        assert r.status_code == 413 and r.json()["error"].endswith("(--max-tokens)"), r.text
+
+
 def test_other_errors(tiny_bert, pretrained):
     with client(tiny_bert, max_body_bytes=1000) as c:
         r = c.post("/encode", content=b"{" + b" " * 2000 + b"}", headers={"content-type": "application/json"})

@@ -405,6 +405,13 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     if max_tokens > served.config.max_position_embeddings:
         raise BertkitError(f"--max-tokens {max_tokens} exceeds the model's {served.config.max_position_embeddings} positions")
     served.encoder.default_max_len = max_tokens  # what /encode reads whole (texts over it are refused)
+    # /attention runs the whole text at once: past the model's positions it cannot, whatever the
+    # option says (the default 128 is over a small model's positions too), so the limit is the lower
+    positions = served.config.max_position_embeddings
+    max_attention_tokens = min(cfg.max_attention_tokens, positions)
+    attention_limit_name = ("--max-attention-tokens" if max_attention_tokens == cfg.max_attention_tokens else
+                            f"the model's {positions} positions; --max-attention-tokens {cfg.max_attention_tokens} "
+                            "is over them")
 
     registry = CollectorRegistry()
     requests_total = Counter("bertkit_requests", "HTTP requests", ["endpoint", "status"], registry=registry)
@@ -518,9 +525,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
                                     "the tokenizer drops)")
         for i, n in enumerate(counts):
             if n > limit:
-                raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text ("
-                                        + (limit_name or ('--max-attention-tokens' if limit == cfg.max_attention_tokens
-                                                          else '--max-tokens')) + ")")
+                raise RequestError(413, f"{field}[{i}]: {n} tokens, over the limit of {limit} tokens per text "
+                                        f"({limit_name or '--max-tokens'})")
         return sum(counts)
 
     # each /attention request is its own model call: its weights are layers x heads x T x T floats
@@ -631,7 +637,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     @app.post("/attention", summary="attention weights of every layer and head")
     async def attention(body: AttentionRequest):
         tokens = await check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
-                             cfg.max_attention_tokens, "text_pair")
+                                   max_attention_tokens, "text_pair", limit_name=attention_limit_name)
         [result] = await batcher.submit(("attention", next(attention_calls)), [(body.text, body.text_pair)], tokens)
         return await json_answer({"layers": served.config.num_hidden_layers,
                                   "heads": served.config.num_attention_heads, **result})
@@ -643,7 +649,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     @app.get("/info")
     async def info():
         limits = {k: v for k, v in asdict(cfg).items() if k.startswith(("max_", "batch"))}
-        return {**served.info(), "limits": {**limits, "max_tokens": max_tokens}}
+        return {**served.info(), "limits": {**limits, "max_tokens": max_tokens,
+                                            "max_attention_tokens": max_attention_tokens}}
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics():
