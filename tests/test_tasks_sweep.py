@@ -83,3 +83,56 @@ def test_ner_knows_i_x_for_a_type_trained_only_in_one_word_entities():
         task.fit(train, {})
         assert task.info["labels"] == ["O", "B-LOC", "I-LOC", "B-PER", "I-PER"], name
         task.check([{"words": ["New", "York"], "tags": ["B-LOC", "I-LOC"]}], "dev.conll")
+
+
+def test_bioes_and_bilou_tags_are_learned_decoded_and_scored_as_their_entities():
+    """BIOES / BILOU tags were no scheme to ner and tag: the CRF refused them, ner fell back to
+    argmax, a type seen only as U-X got no B-/I-/L- labels, and seqeval read BILOU's L-X and U-X as
+    no entity end (two one-word entities U-PER U-PER scored as one, the gold B-PER L-PER)."""
+    import itertools
+    import random
+
+    import pytest
+    from seqeval.metrics.sequence_labeling import get_entities
+
+    from bertkit.tasks.crf import CRF, scheme_constraints
+    from bertkit.tasks.ner import entities, write_entities
+    assert entities(["U-PER", "U-PER", "O", "B-LOC", "I-LOC", "L-LOC"]) == [("PER", 0, 1), ("PER", 1, 2), ("LOC", 3, 6)]
+    assert entities(["S-PER", "B-PER", "E-PER", "B-LOC"]) == [("PER", 0, 1), ("PER", 1, 3), ("LOC", 3, 4)]
+    rng = random.Random(0)
+    for _ in range(2000):  # as seqeval reads BIO, IOB1 and BIOES, broken sequences too; BILOU as BIOES
+        seq = [rng.choice(["O", "B-A", "I-A", "E-A", "S-A", "B-B", "I-B", "E-B", "S-B"]) for _ in range(rng.randint(1, 7))]
+        assert sorted((k, a, b - 1) for k, a, b in entities(seq)) == sorted(get_entities(seq)), seq
+        bilou = [t.replace("E-", "L-").replace("S-", "U-") for t in seq]
+        assert entities(bilou) == entities(seq) == entities(write_entities(entities(seq), len(seq), "bilou"))
+
+    for scheme, (b, i, last, unit) in (("bioes", "BIES"), ("bilou", "BILU")):
+        train = [{"words": ["Paris", "is", "big"], "tags": [f"{unit}-LOC", "O", "O"]},
+                 {"words": ["Ada", "M", "Lovelace"], "tags": [f"{b}-PER", f"{i}-PER", f"{last}-PER"]},
+                 {"words": ["Ada", "wrote"], "tags": [f"{b}-PER", "O"]}]  # broken: learned as U-PER O
+        for name in ("ner", "tag"):
+            task = get_task(name)()
+            task.fit(train, {})  # the CRF's constraints refused them
+            assert task.info["scheme"] == scheme and task.info.get("decode", "bio") == "bio"
+            assert task.info["labels"] == ["O"] + [f"{p}-{t}" for t in ("LOC", "PER") for p in (b, i, last, unit)]
+            task.check([{"words": ["New", "York"], "tags": [f"{b}-LOC", f"{last}-LOC"]}], "dev.conll")
+            assert task._as_learned(train[2]["tags"]) == [f"{unit}-PER", "O"]
+            gold = [{"words": ["A", "B"], "tags": [f"{unit}-PER", f"{unit}-PER"]}]
+            assert task.metrics([[f"{unit}-PER", f"{unit}-PER"]], gold)["f1"] == 1.0
+            assert task.metrics([[f"{b}-PER", f"{last}-PER"]], gold)["f1"] == 0.0  # seqeval alone: 1.0
+
+        # the constraints: an entity opened must end in E-X / L-X, before the sentence ends too
+        labels = task.info["labels"]
+        crf = CRF(len(labels), scheme_constraints(labels))
+        emissions = torch.randn(64, 4, len(labels), generator=torch.Generator().manual_seed(1)) * 5
+        emissions[:8, -1, labels.index(f"{b}-PER")] = 50.0  # screams "an entity begins" at the last word
+        for path in crf.decode(emissions, torch.ones(64, 4, dtype=torch.bool)):
+            tags = [labels[t] for t in path]
+            assert write_entities(entities(tags), len(tags), scheme) == tags, tags  # valid in the scheme
+        allowed, start, end = scheme_constraints(labels)
+        n_valid = sum(write_entities(entities(s), 3, scheme) == list(s) for s in itertools.product(labels, repeat=3))
+        n_allowed = sum(bool(start[x] and end[z] and allowed[x, y] and allowed[y, z])
+                        for x, y, z in itertools.product(range(len(labels)), repeat=3))
+        assert n_allowed == n_valid  # exactly the valid sequences
+    with pytest.raises(Exception, match="mix BIOES's E-/S- with BILOU's L-/U-"):
+        get_task("tag")().fit([{"words": ["a", "b"], "tags": ["S-PER", "U-LOC"]}], {})

@@ -8,8 +8,9 @@ and p(y | x) = exp(score(y)) / Z, Z summing over all T^n paths. Training minimis
 log Z - score(gold), log Z by the forward algorithm; prediction is the Viterbi argmax path.
 Shapes: B batch, L positions, T tags. Rows are left-aligned: a prefix of each row is real.
 
-Hard constraints (I-X only after B-X or I-X, never first) add a large negative score to
-forbidden transitions, in the loss and in decoding alike, so neither ever prefers them.
+Hard constraints (BIO: I-X only after B-X or I-X, never first; BIOES / BILOU also: after B-X or
+I-X only I-X or E-X, and never B-X or I-X last) add a large negative score to forbidden
+transitions, starts and ends, in the loss and in decoding alike, so neither ever prefers them.
 """
 from __future__ import annotations
 
@@ -19,32 +20,73 @@ from torch import nn
 FORBIDDEN = -1e4  # not -inf: exp underflows to 0 all the same, and gradients stay finite
 
 
-def bio_constraints(labels: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(allowed (T, T) bool [from, to], allowed_start (T,) bool) for BIO / IOB2 labels."""
+# the prefixes of each tag scheme: begin, inside, then (BIOES, BILOU) last and one-word ("unit")
+SCHEMES = {"bio": "BI", "bioes": "BIES", "bilou": "BILU"}
+
+
+def label_scheme(labels) -> str:
+    """"bio", "bioes" or "bilou": the tag scheme a label set is written in (BIO when it has only B-
+    and I- prefixes, BIOES with E- or S-, BILOU with L- or U-). ValueError names a label no scheme
+    has, or the two labels that put BIOES's and BILOU's prefixes into one set."""
+    first: dict[str, str] = {}  # prefix -> the first label with it
+    for label in labels:
+        if label == "O":
+            continue
+        if label[:1] not in "BIESLU" or label[1:2] != "-" or len(label) <= 2:
+            raise ValueError(f"label {label!r} is not BIO, BIOES or BILOU: expected 'O' or a B-, I-, E-, S- "
+                             "(or L-, U-) prefix and a type")
+        first.setdefault(label[0], label)
+    bioes, bilou = [first[p] for p in "ES" if p in first], [first[p] for p in "LU" if p in first]
+    if bioes and bilou:
+        raise ValueError(f"labels {bioes[0]!r} and {bilou[0]!r} mix BIOES's E-/S- with BILOU's L-/U- prefixes")
+    return "bioes" if bioes else "bilou" if bilou else "bio"
+
+
+def scheme_constraints(labels: list[str], scheme: str | None = None) -> tuple[torch.Tensor, ...]:
+    """(allowed (T, T) bool [from, to], allowed_start (T,) bool, allowed_end (T,) bool) for labels
+    in `scheme` (None: label_scheme's). In every scheme an entity continues (I-X, and E-X / L-X)
+    only after B-X or I-X and never begins a sentence; in BIOES and BILOU an open entity (B-X,
+    I-X) must go on (I-X) or end (E-X / L-X), so nothing else follows it and no sentence ends in it."""
+    scheme = scheme or label_scheme(labels)
+    prefixes = SCHEMES[scheme]
     parsed = []  # (prefix, entity type) per label, ("O", "") for O
     for label in labels:
         if label == "O":
             parsed.append(("O", ""))
-        elif label[:2] in ("B-", "I-") and len(label) > 2:
+        elif label[:1] in prefixes and label[1:2] == "-" and len(label) > 2:
             parsed.append((label[0], label[2:]))
         else:
-            raise ValueError(f"label {label!r} is not BIO: expected 'O', 'B-<type>' or 'I-<type>'")
+            names = [f"'{p}-<type>'" for p in prefixes]
+            raise ValueError(f"label {label!r} is not {scheme.upper()}: expected 'O', {', '.join(names[:-1])} "
+                             f"or {names[-1]}")
+    continues = prefixes[1:3]      # I (and E / L): only after B-X or I-X of the same type
+    closes = scheme != "bio"       # B-X and I-X must be followed by I-X or E-X / L-X
     T = len(labels)
     allowed = torch.ones(T, T, dtype=torch.bool)
-    start = torch.ones(T, dtype=torch.bool)
+    start = torch.tensor([prefix not in continues for prefix, _ in parsed], dtype=torch.bool)
+    end = torch.tensor([not (closes and prefix in "BI") for prefix, _ in parsed], dtype=torch.bool)
     for j, (prefix, kind) in enumerate(parsed):
-        if prefix == "I":  # an entity continues only itself; it cannot begin a sentence or follow O
-            start[j] = False
-            for i, (prev_prefix, prev_kind) in enumerate(parsed):
-                allowed[i, j] = prev_prefix in "BI" and prev_kind == kind
+        for i, (prev_prefix, prev_kind) in enumerate(parsed):
+            open_ = prev_prefix in "BI"
+            if prefix in continues:
+                allowed[i, j] = open_ and prev_kind == kind
+            elif closes and open_:
+                allowed[i, j] = False
+    return allowed, start, end
+
+
+def bio_constraints(labels: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(allowed (T, T) bool [from, to], allowed_start (T,) bool) for BIO / IOB2 labels."""
+    allowed, start, _ = scheme_constraints(labels, "bio")
     return allowed, start
 
 
 class CRF(nn.Module):
     """Linear-chain CRF over T tags.
 
-    allowed: None (every path allowed), a bool (T, T) [from, to] transition mask, or the
-    (transitions (T, T), start (T,)) pair that bio_constraints returns.
+    allowed: None (every path allowed), a bool (T, T) [from, to] transition mask, the
+    (transitions (T, T), start (T,)) pair that bio_constraints returns or the (transitions, start,
+    end (T,)) triple of scheme_constraints.
     """
 
     def __init__(self, num_tags: int,
@@ -55,16 +97,21 @@ class CRF(nn.Module):
         self.transitions = nn.Parameter(torch.zeros(T, T))  # [from, to]
         self.start_transitions = nn.Parameter(torch.zeros(T))
         self.end_transitions = nn.Parameter(torch.zeros(T))
-        allowed_trans, allowed_start = allowed if isinstance(allowed, tuple) else (allowed, None)
+        allowed_trans, allowed_start, allowed_end = (*allowed, None, None)[:3] if isinstance(allowed, tuple) else (
+            allowed, None, None)
         allowed_trans = torch.ones(T, T, dtype=torch.bool) if allowed_trans is None else allowed_trans.bool()
         allowed_start = torch.ones(T, dtype=torch.bool) if allowed_start is None else allowed_start.bool()
-        if allowed_trans.shape != (T, T) or allowed_start.shape != (T,):
-            raise ValueError(f"allowed must be ({T}, {T}) and allowed_start ({T},) for {T} tags, got "
-                             f"{tuple(allowed_trans.shape)} and {tuple(allowed_start.shape)}")
+        allowed_end = torch.ones(T, dtype=torch.bool) if allowed_end is None else allowed_end.bool()
+        if allowed_trans.shape != (T, T) or allowed_start.shape != (T,) or allowed_end.shape != (T,):
+            raise ValueError(f"allowed must be ({T}, {T}) and allowed_start and allowed_end ({T},) for {T} tags, "
+                             f"got {tuple(allowed_trans.shape)}, {tuple(allowed_start.shape)} and "
+                             f"{tuple(allowed_end.shape)}")
         # non-persistent: constraints follow from the label set, checkpoints hold only the 3 parameters
         self.register_buffer("transition_penalty", torch.where(allowed_trans, 0.0, FORBIDDEN),
                              persistent=False)  # (T, T)
         self.register_buffer("start_penalty", torch.where(allowed_start, 0.0, FORBIDDEN),
+                             persistent=False)  # (T,)
+        self.register_buffer("end_penalty", torch.where(allowed_end, 0.0, FORBIDDEN),
                              persistent=False)  # (T,)
 
     def forward(self, emissions, tags, mask) -> torch.Tensor:
@@ -105,7 +152,7 @@ class CRF(nn.Module):
     def _weights(self):
         """Float32 parameters with the constraint penalties folded in."""
         return (self.transitions.float() + self.transition_penalty,
-                self.start_transitions.float() + self.start_penalty, self.end_transitions.float())
+                self.start_transitions.float() + self.start_penalty, self.end_transitions.float() + self.end_penalty)
 
     def _log_partition(self, emissions, mask):
         trans, start, end = self._weights()

@@ -16,9 +16,16 @@ constrained decoding would forbid its entity starts (no entity at all where it h
 and the CRF's loss would be about 1e4 per sentence. A stray I-X that begins an entity in BIO
 data is read as B-X, as seqeval reads it.
 
-`ner` decodes BIO tags by default as the best valid tag sequence under its softmax (Viterbi
-over the per-word log-probabilities, I-X only after B-X or I-X): the same weights as
-transformers' BertForTokenClassification, without its invalid spans. `--option decode=argmax`
+Tags in BIOES (B-, I-, E- last, S- single word) or BILOU (L- last, U- unit) are learned and
+decoded in their own scheme: every type gets all of the scheme's prefixes, and the constraints
+of the CRF and of BIO decoding keep an entity open until its E-X / L-X. Entity spans are read by
+one function, `entities`, for every scheme (as seqeval reads BIO, IOB1 and BIOES, and BILOU
+alike); evaluation scores those spans, and a training sequence that breaks its scheme is learned
+as those spans written validly (counted on stderr).
+
+`ner` decodes BIO (or BIOES, BILOU) tags by default as the best valid tag sequence under its
+softmax (Viterbi over the per-word log-probabilities, I-X only after B-X or I-X): the same weights
+as transformers' BertForTokenClassification, without its invalid spans. `--option decode=argmax`
 takes each word's most likely tag instead.
 """
 from __future__ import annotations
@@ -30,7 +37,7 @@ from torch import nn
 
 from ..errors import BertkitError
 from .base import Task, bert_inputs, one_of, pad, probability
-from .crf import CRF, bio_constraints
+from .crf import CRF, SCHEMES, label_scheme, scheme_constraints
 
 
 def _kind(tag: str) -> str | None:
@@ -54,6 +61,49 @@ def to_iob1(tags: list[str]) -> list[str]:
         out.append("I-" + t[2:] if t.startswith("B-") and _kind(prev) != _kind(t) else t)
         prev = t
     return out
+
+
+def _parse(tag: str) -> tuple[str, str | None]:
+    """(prefix, type) of a tag, L- read as E- and U- as S-; ("O", None) for O and for a tag of no
+    scheme."""
+    if tag[:1] in "BIESLU" and tag[1:2] == "-" and len(tag) > 2:
+        return {"L": "E", "U": "S"}.get(tag[0], tag[0]), tag[2:]
+    return "O", None
+
+
+def entities(tags: list[str]) -> list[tuple[str, int, int]]:
+    """Entity spans (type, start, end), end exclusive, of tags in BIO, IOB1, BIOES or BILOU, read
+    as seqeval's default mode (and conlleval) reads them: an entity begins at B-X or S-X / U-X, or
+    at an I-X or E-X / L-X that does not continue an open entity of type X; it ends after E-X / L-X
+    or S-X / U-X, or before a tag that does not continue it. A broken sequence is read too
+    (an argmax decoding's), as they read it."""
+    spans, kind, begin = [], None, 0
+    for i, tag in enumerate([*tags, "O"]):
+        prefix, t = _parse(tag)
+        continues = kind is not None and t == kind and prefix in "IE"
+        if kind is not None and not continues:
+            spans.append((kind, begin, i))
+            kind = None
+        if t is not None and not continues:
+            kind, begin = t, i
+        if kind is not None and prefix in "ES":  # E-X and S-X close their entity at this word
+            spans.append((kind, begin, i + 1))
+            kind = None
+    return spans
+
+
+def write_entities(spans: list[tuple[str, int, int]], n: int, scheme: str) -> list[str]:
+    """n tags in `scheme` ("bio", "bioes" or "bilou") that hold exactly these spans (as entities
+    gives them)."""
+    # BIO: B-X alone and B-X I-X ... I-X
+    begin, inside, last, unit = "BIIB" if scheme == "bio" else SCHEMES[scheme]
+    tags = ["O"] * n
+    for kind, start, end in spans:
+        if end - start == 1:
+            tags[start] = f"{unit}-{kind}"
+            continue
+        tags[start:end] = [f"{begin}-{kind}"] + [f"{inside}-{kind}"] * (end - start - 2) + [f"{last}-{kind}"]
+    return tags
 
 
 def tag_scheme(sequences) -> str:
@@ -101,41 +151,52 @@ class NerTask(Task):
     def fit(self, train, options):
         super().fit(train, options)
         names = sorted({t for ex in train for t in ex["tags"]})
-        not_bio = None  # why the labels are not BIO (a label that is not O / B-X / I-X), if so
+        scheme = not_scheme = None  # the labels' scheme, or why they are in none (a label not O / B-X / ...)
         try:
-            bio_constraints(names)
+            scheme = label_scheme(names)
         except ValueError as e:
-            not_bio = e
-        if not not_bio:
-            self.info["scheme"] = tag_scheme(ex["tags"] for ex in train)
-            stray = sum(a != b for ex in train for a, b in zip(ex["tags"], to_bio(ex["tags"])))
-            if self.info["scheme"] == "bio" and stray:
-                print(f"bertkit: {stray} training tag(s) I-X begin an entity (after O or another type): "
+            not_scheme = e
+        if scheme:
+            # BIO-shaped labels may be IOB1: told apart by how entities begin
+            self.info["scheme"] = tag_scheme(ex["tags"] for ex in train) if scheme == "bio" else scheme
+            broken = sum(a != b for ex in train for a, b in zip(ex["tags"], self._as_learned(ex["tags"])))
+            if self.info["scheme"] == "bio" and broken:
+                print(f"bertkit: {broken} training tag(s) I-X begin an entity (after O or another type): "
                       "read as B-X", file=sys.stderr)
-        labels = {t for ex in train for t in self._as_bio(ex["tags"])}
-        if not not_bio:  # B-X and I-X for every type: a type seen only in one-word entities refused
-            # an evaluation file's I-X as a tag the model did not know
-            labels |= {f"{p}-{t[2:]}" for t in labels if t != "O" for p in "BI"}
-        labels = sorted(labels, key=lambda t: (t != "O", t[2:], t[:2]))
-        if not_bio and self.use_crf:
-            raise BertkitError(f"the CRF's transition constraints need BIO tags: {not_bio}") from None
+            elif scheme != "bio" and broken:  # as entities() reads them: B-X O is the one-word S-X
+                print(f"bertkit: {broken} training tag(s) break the {scheme.upper()} scheme (an entity left "
+                      "open, or continued without a beginning): learned as the entities they mark", file=sys.stderr)
+        labels = {t for ex in train for t in self._as_learned(ex["tags"])}
+        if scheme:  # every prefix of the scheme for every type: a type seen only in one-word entities
+            # refused an evaluation file's I-X (or E-X) as a tag the model did not know
+            labels |= {f"{p}-{t[2:]}" for t in labels if t != "O" for p in SCHEMES[scheme]}
+        order = SCHEMES[scheme] if scheme else None  # a type's tags in its scheme's order: B-X, I-X, E-X, S-X
+        labels = sorted(labels, key=lambda t: (t != "O", t[2:], order.index(t[0]) if order and t != "O" else 0, t[:2]))
+        if not_scheme and self.use_crf:
+            raise BertkitError(f"the CRF's transition constraints need BIO (or BIOES, BILOU) tags: {not_scheme}") from None
         if not self.use_crf:
-            if self.info.get("decode") == "bio" and not_bio:
-                raise BertkitError(f"--option decode=bio needs BIO tags: {not_bio}") from None
+            if self.info.get("decode") == "bio" and not_scheme:
+                raise BertkitError(f"--option decode=bio needs BIO tags (or BIOES, BILOU): {not_scheme}") from None
             # the study (benchmarks/finetune_study.py) measured BIO decoding on wnut16; folders
             # from before it have no "decode" key and keep the argmax they were trained with
-            self.info.setdefault("decode", "argmax" if not_bio else "bio")
+            self.info.setdefault("decode", "argmax" if not_scheme else "bio")
         self.info["labels"] = labels
 
-    def _as_bio(self, tags: list[str]) -> list[str]:
-        """Tags as the model learns them: BIO when the data's labels are BIO-shaped (a folder from
-        before "scheme" was recorded, or with other labels, reads them as they are)."""
-        return to_bio(tags) if "scheme" in self.info else tags
+    def _as_learned(self, tags: list[str]) -> list[str]:
+        """Tags as the model learns them: the entities they mark, written validly in the scheme
+        learned (BIO for IOB1 data). A folder from before "scheme" was recorded, or with labels of
+        no scheme, reads them as they are, and so does a sequence with a tag of no scheme (which
+        check() then names)."""
+        scheme = self.info.get("scheme")
+        if scheme is None or any(t != "O" and _parse(t)[1] is None for t in tags):
+            return tags
+        return write_entities(entities(tags), len(tags), "bio" if scheme == "iob1" else scheme)
 
     def check(self, examples, source):
         known = set(self.info["labels"])
         for i, ex in enumerate(examples):
-            bad = [(j, t) for j, t in enumerate(self._as_bio(ex["tags"] or [])) if t not in known]
+            tags = ex["tags"] or []
+            bad = [(j, t) for j, (t, learned) in enumerate(zip(tags, self._as_learned(tags))) if learned not in known]
             if bad:
                 j, tag = bad[0]
                 where = f"line {ex['lines'][j]}" if ex.get("lines") else f"sentence {i + 1}"
@@ -166,7 +227,7 @@ class NerTask(Task):
             empty += len(missing) - cut_here
             labels = [-100] * len(e.ids)
             # by word id, never by rank: a zero-piece word must not shift later labels
-            tags = self._as_bio(ex["tags"]) if ex["tags"] else None
+            tags = self._as_learned(ex["tags"]) if ex["tags"] else None
             word_labels = [index[tags[w]] for w in start_words] if tags else [0] * len(starts)
             for pos, lab in zip(starts, word_labels):
                 labels[pos] = lab
@@ -193,7 +254,7 @@ class NerTask(Task):
 
     def head(self, cfg, bert):
         n = len(self.info["labels"])
-        crf = CRF(n, bio_constraints(self.info["labels"])) if self.use_crf else None
+        crf = CRF(n, scheme_constraints(self.info["labels"])) if self.use_crf else None
         return TokenHead(cfg.hidden_size, n, self.info.get("dropout", 0.1), crf)
 
     def forward(self, model, batch):
@@ -213,7 +274,7 @@ class NerTask(Task):
         loss = F.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100) if has_targets else None
         if self.info.get("decode", "argmax") == "bio":
             if getattr(self, "_bio", None) is None:  # constraints only: no learned transitions
-                self._bio = CRF(logits.size(-1), bio_constraints(self.info["labels"]))
+                self._bio = CRF(logits.size(-1), scheme_constraints(self.info["labels"]))
             return loss, _viterbi(self._bio.to(logits.device), emissions.log_softmax(-1), mask)
         words = emissions.argmax(-1)                                            # (B, W)
         return loss, [row[:int(n)] for row, n in zip(words.tolist(), mask.sum(1).tolist())]
@@ -233,8 +294,12 @@ class NerTask(Task):
     def metrics(self, predictions, examples):
         from seqeval.metrics import f1_score, precision_score, recall_score
         gold = [ex["tags"] for ex in examples]
+        # seqeval scores the spans entities() reads, given to it as BIO: read by seqeval itself,
+        # BILOU's L-X and U-X do not end an entity (two U-X in a row were one entity)
+        as_bio = (lambda tags: write_entities(entities(tags), len(tags), "bio")) if "scheme" in self.info else None
+        g, p = ([as_bio(t) for t in gold], [as_bio(t) for t in predictions]) if as_bio else (gold, predictions)
         # no entity predicted (or none in gold): 0, seqeval's value, without its warning to the user
-        score = lambda metric: metric(gold, predictions, zero_division=0)  # noqa: E731
+        score = lambda metric: metric(g, p, zero_division=0)  # noqa: E731
         return {"precision": score(precision_score), "recall": score(recall_score),
                 "f1": score(f1_score), "sentences": len(gold),
                 "token_accuracy": sum(p == g for ps, gs in zip(predictions, gold) for p, g in zip(ps, gs))
@@ -262,6 +327,6 @@ def _viterbi(crf: CRF, emissions, mask) -> list[list[int]]:
 
 class TagTask(NerTask):
     name = "tag"
-    options = {"dropout": probability}  # the CRF decodes within BIO always
+    options = {"dropout": probability}  # the CRF decodes within the tag scheme always
     use_crf = True
     hf_architecture = "BertModel"  # transformers has no CRF head
