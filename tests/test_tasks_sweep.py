@@ -136,3 +136,37 @@ def test_bioes_and_bilou_tags_are_learned_decoded_and_scored_as_their_entities()
         assert n_allowed == n_valid  # exactly the valid sequences
     with pytest.raises(Exception, match="mix BIOES's E-/S- with BILOU's L-/U-"):
         get_task("tag")().fit([{"words": ["a", "b"], "tags": ["S-PER", "U-LOC"]}], {})
+
+
+def test_classify_warns_of_a_pooling_the_folder_declares_and_it_cannot_run(tmp_path):
+    """A sentence-transformers folder pooling with max was fine-tuned on the tanh pooler without a
+    word (encode and serve warned of it); a chosen pooling is not warned of, lower-casing is."""
+    import json
+    import warnings
+
+    import pytest
+    folder = tmp_path / "st"
+    (folder / "1_Pooling").mkdir(parents=True)
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"}]))
+    train = [{"text": "good", "label": "pos"}, {"text": "bad", "label": "neg"}]
+
+    def fit(pooling_config, **options):
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config))
+        task = get_task("classify")()
+        task.fit(train, {"base_model": str(folder), **options})
+        return task.info["pooling"]
+
+    with pytest.warns(UserWarning, match=r"fine-tunes classify without its pooling \(max_tokens\), which its "
+                                         r"sentence-transformers pipeline declares: classify is fine-tuned on the "
+                                         r"tanh pooler instead \(--option pooling=pooler\|cls\|mean chooses\)"):
+        assert fit({"pooling_mode_max_tokens": True}) == "pooler"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # chosen, or one it runs (its Dense module: the head replaces it)
+        assert fit({"pooling_mode_max_tokens": True}, pooling="mean") == "mean"
+        assert fit({"pooling_mode_mean_tokens": True}) == "mean"
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": True}))
+    with pytest.warns(UserWarning, match=r"without its do_lower_case \(sentence_bert_config.json\), which .*: "
+                                         r"classify is fine-tuned on \[CLS\]$"):
+        fit({"pooling_mode_max_tokens": True}, pooling="cls")

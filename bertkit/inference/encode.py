@@ -95,17 +95,25 @@ def folder_pooling(folder: str | Path) -> str | None:
 ST_STEPS = ("models.Transformer", "models.Pooling", "models.Normalize", "models.Dropout")
 
 
-def folder_unsupported(folder: str | Path) -> list[str]:
+def unsupported_pooling(folder: str | Path) -> str | None:
+    """The pooling modes a sentence-transformers folder declares ("max_tokens", "cls_token +
+    mean_tokens") where they are other than one of cls and mean, which bertkit runs; else None."""
+    cfg = _pooling_config(Path(folder)) or {}
+    modes = sorted(k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v)
+    return " + ".join(modes) if modes and modes not in (["cls_token"], ["mean_tokens"]) else None
+
+
+def folder_unsupported(folder: str | Path, modules: bool = True, pooling: bool = True) -> list[str]:
     """What a sentence-transformers folder asks of its pipeline that encode does not do: a Dense
     or other module after pooling (LaBSE's Dense + tanh), a pooling other than one of cls and
-    mean, lower-casing the text. Its vectors would differ from sentence-transformers' ones."""
+    mean, lower-casing the text. Its vectors would differ from sentence-transformers' ones.
+    modules, pooling: False leaves those out (a classifier trains its own head on a pooling it
+    may be told)."""
     folder = Path(folder)
     found = [f"its {str(m.get('type')).rsplit('.', 1)[-1]} module ({m.get('path')})"
-             for m in _modules(folder) if not str(m.get("type", "")).endswith(ST_STEPS)]
-    cfg = _pooling_config(folder) or {}
-    modes = sorted(k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v)
-    if modes and modes not in (["cls_token"], ["mean_tokens"]):
-        found.append(f"its pooling ({' + '.join(modes)})")
+             for m in _modules(folder) if modules and not str(m.get("type", "")).endswith(ST_STEPS)]
+    if pooling and (modes := unsupported_pooling(folder)):
+        found.append(f"its pooling ({modes})")
     try:
         lower = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8")).get("do_lower_case")
     except (OSError, ValueError, AttributeError):
@@ -115,13 +123,15 @@ def folder_unsupported(folder: str | Path) -> list[str]:
     return found
 
 
-def warn_unsupported(folder: str | Path) -> None:
-    """A warning where folder_unsupported finds something: the vectors are not silently other
-    than the ones the folder's model card promises."""
-    found = folder_unsupported(folder)
+def warn_unsupported(folder: str | Path, runs: str = "encodes",
+                     outcome: str = "its vectors differ from sentence-transformers' ones", **which: bool) -> None:
+    """A warning where folder_unsupported finds something (which: its modules and pooling
+    flags): the vectors are not silently other than the ones the folder's model card promises.
+    runs and outcome: what bertkit does without them, and what follows."""
+    found = folder_unsupported(folder, **which)
     if found:
-        warnings.warn(f"{folder}: bertkit encodes without {', '.join(found)}, which its sentence-transformers "
-                      f"pipeline declares: its vectors differ from sentence-transformers' ones", stacklevel=3)
+        warnings.warn(f"{folder}: bertkit {runs} without {', '.join(found)}, which its sentence-transformers "
+                      f"pipeline declares: {outcome}", stacklevel=3)
 
 
 def pool(sequence_output, pooled_output, attention_mask, pooling: str):

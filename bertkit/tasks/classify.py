@@ -3,7 +3,9 @@
 The sentence vector is, by default, the one the checkpoint was trained to give: for a
 sentence-transformers folder its declared pooling (MiniLM: mean), else BERT's tanh pooler. The
 fine-tuning study chose it (MiniLM, 3 seeds: mean beat the pooler on rotten-tomatoes and tweets);
-`pooling = "pooler" | "cls" | "mean"` chooses any of them. Then dropout and a linear layer, or
+`pooling = "pooler" | "cls" | "mean"` chooses any of them. A pooling the folder declares and
+bertkit cannot run (max) is warned of, as encode and serve warn of it, and the pooler taken
+instead. Then dropout and a linear layer, or
 an MLP head (hidden layer, ReLU, dropout) with `head = "mlp"`.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..inference.encode import folder_pooling, pool
+from ..inference.encode import folder_pooling, pool, unsupported_pooling, warn_unsupported
 from ..errors import BertkitError
 from ..inputs import read_text_inputs
 from .base import Task, bert_inputs, one_of, pad, probability
@@ -66,9 +68,16 @@ class ClassifyTask(Task):
 
     def fit(self, train, options):
         super().fit(train, options)
-        if "pooling" not in self.info:  # the checkpoint's own sentence vector (the fine-tuning study)
-            base = self.info.get("base_model")
+        base = self.info.get("base_model")
+        chosen = "pooling" in self.info
+        if not chosen:  # the checkpoint's own sentence vector (the fine-tuning study)
             self.info["pooling"] = (folder_pooling(base) if base else None) or "pooler"
+        if base:  # a pooling it declares and bertkit cannot run (max) fell back to the pooler without a word;
+            # its modules after pooling do not matter (the head is trained anew on the pooled vector)
+            vector = {"pooler": "the tanh pooler", "cls": "[CLS]", "mean": "the mean"}[self.info["pooling"]]
+            outcome = (f"classify is fine-tuned on {vector} instead (--option pooling=pooler|cls|mean chooses)"
+                       if not chosen and unsupported_pooling(base) else f"classify is fine-tuned on {vector}")
+            warn_unsupported(base, "fine-tunes classify", outcome, modules=False, pooling=not chosen)
         labels = sorted({r["label"] for r in train})
         if all(re.fullmatch(r"-?[0-9]+", lab) for lab in labels):  # numbers in their order ("²".isdigit() too)
             labels.sort(key=int)
