@@ -83,6 +83,10 @@ def test_token_tasks_end_to_end(tmp_path, tiny_bert, capsys, task):
     preds = [json.loads(line) for line in _run(capsys, "predict", task, "--model", str(out),
                                                  "Peter Blackburn visited unbelievably Paris").splitlines()]
     assert len(preds[0]["tags"]) == 5  # one tag per word, although "unbelievably" splits into pieces
+    from bertkit.tasks.ner import entities  # and the entity spans those tags mark, as evaluation reads them
+    words = "Peter Blackburn visited unbelievably Paris".split()
+    assert preds[0]["entities"] == [{"type": k, "start": a, "end": b, "text": " ".join(words[a:b])}
+                                    for k, a, b in entities(preds[0]["tags"])]
     if task == "tag":
         tags = preds[0]["tags"]
         for prev, cur in zip(["O"] + tags, tags):  # the CRF never produces an invalid BIO sequence

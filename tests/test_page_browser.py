@@ -187,3 +187,33 @@ def test_summaries_are_shown_sentence_by_sentence(browser, tmp_path_factory, min
         assert shown and all(shown) and not browser.find_element(By.ID, "error").text
     finally:
         server.stop()
+
+
+def test_entities_are_highlighted_whole(browser, tmp_path_factory, minilm_folder):
+    """The page marks each entity /predict gives, over all its words, labelled with its type."""
+    from selenium.webdriver.common.by import By
+    tiny = save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
+    work = tmp_path_factory.mktemp("ner")
+    (work / "train.conll").write_text("Peter B-person\nBlackburn I-person\nvisited O\nParis B-geo-loc\n.\tO\n\n" * 16)
+    assert main(["finetune", "ner", "--model", str(tiny), "--train", str(work / "train.conll"), "--eval",
+                 str(work / "train.conll"), "--out", str(work / "model"), "--epochs", "4", "--lr", "1e-3",
+                 "--batch-size", "8", "--seed", "0"]) == 0
+    server = Server(work / "model")
+    try:
+        browser.get(server.url + "/")
+        _ready(browser)
+        text = "Peter Blackburn visited Paris ."
+        _type(browser, "text", text)
+        browser.find_element(By.ID, "run-predict").click()
+        _wait(browser, "#predict-result mark.entity")
+        request = urllib.request.Request(server.url + "/predict", headers={"content-type": "application/json"},
+                                         data=json.dumps({"inputs": [text]}).encode())
+        served = json.loads(urllib.request.urlopen(request, timeout=60).read())["predictions"][0]["entities"]
+        assert [e["text"] for e in served] == ["Peter Blackburn", "Paris"], served  # what it was trained on
+        marks = browser.find_elements(By.CSS_SELECTOR, "#predict-result mark.entity")
+        shown = [(m.get_attribute("title"), browser.execute_script("return arguments[0].firstChild.textContent", m))
+                 for m in marks]  # the mark's words, before its <small> type label
+        assert shown == [(e["type"], e["text"]) for e in served]
+        assert not browser.find_element(By.ID, "error").text
+    finally:
+        server.stop()

@@ -170,3 +170,22 @@ def test_classify_warns_of_a_pooling_the_folder_declares_and_it_cannot_run(tmp_p
     with pytest.warns(UserWarning, match=r"without its do_lower_case \(sentence_bert_config.json\), which .*: "
                                          r"classify is fine-tuned on \[CLS\]$"):
         fit({"pooling_mode_max_tokens": True}, pooling="cls")
+
+
+def test_ner_predictions_give_the_entity_spans_of_their_tags():
+    """predict gave tags alone: every user re-read the spans from them, and BILOU's U-X U-X (two
+    entities) is easy to read as one."""
+    from bertkit.tasks.ner import NerTask
+    task = NerTask()
+    task.fit([{"words": ["Peter", "Blackburn", "in", "Paris"], "tags": ["B-PER", "I-PER", "O", "B-LOC"]}], {})
+    words = ["Peter", "Blackburn", "met", "Anna", "in", "Paris"]
+    got = task.describe(["B-PER", "I-PER", "O", "B-PER", "O", "B-LOC"], {"words": words})
+    assert got["entities"] == [{"type": "PER", "start": 0, "end": 2, "text": "Peter Blackburn"},
+                               {"type": "PER", "start": 3, "end": 4, "text": "Anna"},
+                               {"type": "LOC", "start": 5, "end": 6, "text": "Paris"}]
+    bilou = NerTask()
+    bilou.fit([{"words": ["Anna", "Bo"], "tags": ["U-PER", "U-PER"]}], {})
+    assert [e["text"] for e in bilou.describe(["U-PER", "U-PER"], {"words": ["Anna", "Bo"]})["entities"]] == ["Anna", "Bo"]
+    pos = NerTask()  # tags of no entity scheme (parts of speech): no spans to give
+    pos.fit([{"words": ["a", "cat"], "tags": ["DET", "NOUN"]}], {})
+    assert "entities" not in pos.describe(["DET", "NOUN"], {"words": ["a", "cat"]})

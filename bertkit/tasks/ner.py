@@ -311,7 +311,12 @@ class NerTask(Task):
                 "label2id": {lab: i for i, lab in enumerate(labels)}}
 
     def describe(self, prediction, example):
-        return {"words": example["words"], "tags": prediction}
+        out = {"words": example["words"], "tags": prediction}
+        if "scheme" in self.info:  # tags of an entity scheme: its spans too, read as evaluation reads them
+            words = example["words"]
+            out["entities"] = [{"type": kind, "start": start, "end": end, "text": " ".join(words[start:end])}
+                               for kind, start, end in entities(prediction)]  # word indices, end exclusive
+        return out
 
 
 def _viterbi(crf: CRF, emissions, mask) -> list[list[int]]:
