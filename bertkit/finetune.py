@@ -397,6 +397,9 @@ def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: P
     micros = [m for m in _split(mine, grad_accum) if m]
     device = procs.device
     units = [sum(task.loss_units(feats[j]) for j in micro) for micro in micros]
+    if not micros:  # fewer examples than ranks (a short last batch): this rank has none, but must still join
+        # the step's gradient all-reduce: a forward on another rank's example and a zero gradient
+        micros, units = [[0]], [0]
     total = torch.tensor(float(sum(units)), dtype=torch.float64, device=device)
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     if procs.world > 1:
@@ -534,8 +537,6 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
             g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
             groups = _epoch_groups(train_feats, cfg.batch_size, cfg.group_by_length, g)
             for b in range(batch_index, len(groups)):
-                if len(groups[b]) < procs.world:  # a last batch with fewer examples than ranks: all skip it
-                    continue
                 if cfg.budget:  # the schedule ends where the closing evaluation must begin
                     lr = cfg.lr * lr_factor(elapsed() - start_s, cfg.budget - eval_s - start_s, cfg.warmup,
                                             step_s or cfg.budget / 1000)

@@ -252,6 +252,25 @@ def test_torchrun_finetune_equals_one_process(tmp_path, tiny_no_dropout, data):
     assert [r["step"] for r in lines if "loss" in r] == list(range(1, 25))  # one writer
 
 
+
+def test_torchrun_trains_a_last_batch_smaller_than_the_ranks_as_one_process(tmp_path, tiny_no_dropout, data):
+    """9 examples in batches of 8 on 2 ranks: the last batch of 1 leaves a rank without an
+    example. It was skipped by every rank (2 steps of 4, the longest example never trained on
+    under group_by_length); the empty rank now joins the step with a zero gradient."""
+    small = tmp_path / "data"
+    small.mkdir()
+    (small / "train.jsonl").write_text("".join((data / "train.jsonl").read_text().splitlines(True)[:9]))
+    (small / "dev.jsonl").write_text("".join((data / "dev.jsonl").read_text().splitlines(True)[:5]))
+    args = [*_args(tiny_no_dropout, small, tmp_path / "ddp", "--option", "dropout=0"), "--epochs", "2"]
+    run = _torchrun("-m", "bertkit", *args)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert main([*_args(tiny_no_dropout, small, tmp_path / "one", "--option", "dropout=0"), "--epochs", "2"]) == 0
+    s2, s1 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "one"))
+    assert s2["steps"] == s1["steps"] == 4
+    a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("ddp", "one"))
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
+
 _EVAL = r'''
 import json, sys, torch.distributed as dist
 from pathlib import Path
