@@ -514,14 +514,14 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     if start_s is None:
         start_s = elapsed()  # when training began: the budget's schedule spans from here
 
-    def save(epoch_now: int, batch_now: int) -> None:
+    def save(epoch_now: int, batch_now: int, finished: bool = False) -> None:
         rng = procs.rng_states()
         if main:
             save_checkpoint(out, step, lambda folder: save_task_model(model, task, tok, folder),
                             {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
                             {"epoch": epoch_now, "batch": batch_now, "elapsed_s": elapsed(), "best": best,
                              "best_epoch": best_epoch, "stale": stale, "history": history, "guard": guard.state(),
-                             "start_s": start_s, "eval_s": eval_s,
+                             "start_s": start_s, "eval_s": eval_s, "finished": finished,
                              "world_size": procs.world, "options": _options(cfg)}, cfg.keep_checkpoints)
         procs.barrier()
 
@@ -531,8 +531,11 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     signals = StopSignals()
     signals.install()
     step_s, eval_s, out_of_time = 0.0, (state.get("eval_s", 0.0) if ckpt is not None else 0.0), False
+    # resumed from the last checkpoint of a run that stopped early or ran out of its budget (stopped
+    # before its summary was written): nothing is left to train (it trained and evaluated on)
+    finished = ckpt is not None and bool(state.get("finished"))
     try:
-        while not out_of_time and (cfg.budget or epoch <= cfg.epochs):
+        while not finished and not out_of_time and (cfg.budget or epoch <= cfg.epochs):
             model.train()
             g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
             groups = _epoch_groups(train_feats, cfg.batch_size, cfg.group_by_length, g)
@@ -614,7 +617,7 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
                         stop_early = True
             stop_early = procs.broadcast(stop_early)
             epoch += 1
-            save(epoch, 0)  # the epoch's end: a resume starts the next one
+            save(epoch, 0, finished=stop_early or out_of_time)  # the epoch's end: a resume starts the next one
             if stop_early:
                 break
     except RuntimeError as e:

@@ -424,3 +424,40 @@ def test_an_epochs_evaluation_run_again_after_a_resume_is_logged_once(tmp_path, 
     assert main(_args(tiny, data, out, "--epochs", "1", "--resume")) == 0
     evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in r]
     assert [r["epoch"] for r in evals] == [1] and evals[0]["eval_loss"] != 0.7
+
+
+@pytest.mark.parametrize("stop", ["patience", "budget"])
+def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(tmp_path, tiny, data, monkeypatch,
+                                                                               stop):
+    """A run stopped between its last checkpoint and its summary.json (a crash while plotting):
+    --resume trained on past its early stop (another epoch) or its budget (a step and an
+    evaluation more), as if the run had not ended."""
+    import bertkit.finetune as ft
+    from bertkit.tasks.classify import ClassifyTask
+    small = tmp_path / "data"
+    small.mkdir()
+    (small / "train.jsonl").write_text("".join((data / "train.jsonl").read_text().splitlines(True)[:9]))
+    (small / "dev.jsonl").write_text("".join((data / "dev.jsonl").read_text().splitlines(True)[:5]))
+    # the same accuracy every epoch: patience 1 stops after epoch 2 of 4
+    monkeypatch.setattr(ClassifyTask, "metrics", lambda self, preds, examples: {"accuracy": 0.5})
+    out = tmp_path / "run"
+    args = [*_args(tiny, small, out), "--epochs", "4", *(("--patience", "1") if stop == "patience" else
+                                                          ("--budget", "2s"))]
+
+    class Crash(Exception):
+        pass
+
+    def crash(*args, **kwargs):
+        raise Crash
+    monkeypatch.setattr(ft, "plot_losses", crash)
+    with pytest.raises(Crash):
+        main(args)
+    monkeypatch.undo()
+    monkeypatch.setattr(ClassifyTask, "metrics", lambda self, preds, examples: {"accuracy": 0.5})
+    state = json.loads(sorted((out / "checkpoints").glob("step_*/trainer.json"))[-1].read_text())
+    assert state["finished"] and not (out / "summary.json").exists()
+    assert main([*args, "--resume"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["steps"], summary["epochs_run"]) == (state["step"], len(state["history"]))
+    if stop == "patience":
+        assert summary["epochs_run"] == 2
