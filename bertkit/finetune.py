@@ -484,7 +484,15 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     guard = Guard(MAX_SKIPPED_IN_A_ROW)
     if ckpt is not None:
         state, tensors = read_state(ckpt)
-        _, resumed, _ = load_task_model(ckpt, cfg.task, device=device)
+        resumed_task, resumed, _ = load_task_model(ckpt, cfg.task, device=device)
+        then, now = resumed_task.info.get("labels"), task.info.get("labels")
+        if then != now:  # the training file was edited since: the head's rows would mean other labels (or
+            # not fit it: a size-mismatch traceback)
+            named = lambda xs: ", ".join(map(str, xs[:5])) + (" ..." if len(xs) > 5 else "") or "none"  # noqa: E731
+            raise BertkitError(f"{cfg.train}: its labels are not those of the run in {out} (new: "
+                               f"{named([x for x in now or [] if x not in then])}; gone: "
+                               f"{named([x for x in then or [] if x not in now])}); resume with the training file "
+                               "the run started with, or start a new run in another --out")
         model.load_state_dict(resumed.state_dict())
         opt.load_state_dict(tensors["optimizer"])
         if state.get("world_size", 1) == procs.world:

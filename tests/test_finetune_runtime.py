@@ -461,3 +461,37 @@ def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(t
     assert (summary["steps"], summary["epochs_run"]) == (state["step"], len(state["history"]))
     if stop == "patience":
         assert summary["epochs_run"] == 2
+
+
+def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny, data, monkeypatch, capsys):
+    """The training file edited between the stop and --resume: a new label was a size-mismatch
+    traceback from load_state_dict; a label renamed (as many labels) resumed silently with the
+    head's rows meaning other labels."""
+    import bertkit.finetune as ft
+
+    class Stop(Exception):
+        pass
+    real = ft.finetune
+
+    def stop_at_2(cfg, on_step=None):
+        return real(cfg, on_step=lambda step, model: (_ for _ in ()).throw(Stop()) if step == 2 else None)
+    small = tmp_path / "data"
+    small.mkdir()
+    rows = (data / "train.jsonl").read_text().splitlines(True)[:16]
+    (small / "train.jsonl").write_text("".join(rows))
+    dev = "".join((data / "dev.jsonl").read_text().splitlines(True)[:5])
+    (small / "dev.jsonl").write_text(dev)
+    out = tmp_path / "run"
+    monkeypatch.setattr(ft, "finetune", stop_at_2)
+    with pytest.raises(Stop):
+        main(_args(tiny, small, out, "--epochs", "1"))
+    monkeypatch.setattr(ft, "finetune", real)
+    added = "".join(rows) + '{"text": "Meh.", "label": "meh"}\n'
+    rename = lambda text: text.replace('"rotten"', '"bad"')  # noqa: E731
+    for train, eval, message in ((added, dev, "(new: meh; gone: none)"),
+                                 (rename("".join(rows)), rename(dev), "(new: bad; gone: rotten)")):
+        (small / "train.jsonl").write_text(train)
+        (small / "dev.jsonl").write_text(eval)
+        assert main(_args(tiny, small, out, "--epochs", "1", "--resume")) == 2
+        assert f"its labels are not those of the run in {out} {message}" in capsys.readouterr().err
+    assert (out / "checkpoints" / "step_0000002").is_dir()
