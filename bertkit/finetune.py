@@ -282,6 +282,17 @@ def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, to
     return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
 
 
+def _on_cpu(value):
+    """`value` (tensors in lists and tuples) with its tensors on the CPU: gathered by pickling, a CUDA tensor
+    comes back on the GPU of the rank that sent it, and rank 0's decoding concatenated tensors of two GPUs
+    (classify's probabilities: an error at the first evaluation of a multi-GPU run)."""
+    if isinstance(value, torch.Tensor):
+        return value.cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(v) for v in value)
+    return value
+
+
 def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size: int,
               procs: Processes):
     """run_task over several processes: each rank runs a contiguous part of the (length-sorted) features, rank 0
@@ -293,7 +304,7 @@ def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, t
     ordered, n = [feats[i] for i in order], len(feats)
     part = slice(procs.rank * n // procs.world, (procs.rank + 1) * n // procs.world)
     mine = task_outputs(task, model, ordered[part], tokenizer, batch_size) if part.stop > part.start else ([], [])
-    parts = procs.gather(mine)
+    parts = procs.gather(_on_cpu(mine))
     if not procs.main:
         return None
     outputs = [o for out, _ in parts for o in out]

@@ -495,3 +495,33 @@ def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny, dat
         assert main(_args(tiny, small, out, "--epochs", "1", "--resume")) == 2
         assert f"its labels are not those of the run in {out} {message}" in capsys.readouterr().err
     assert (out / "checkpoints" / "step_0000002").is_dir()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: on a CPU every output is on the CPU")
+def test_evaluation_over_ranks_gathers_outputs_on_the_cpu(tiny, data):
+    """all_gather_object pickles: a CUDA tensor comes back on the sending rank's GPU, and rank 0
+    concatenated classify's probabilities from two GPUs (an error in every multi-GPU run)."""
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.finetune import _evaluate
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    from bertkit.training.distributed import Processes
+
+    class Gathered(Exception):
+        pass
+
+    class TwoRanks(Processes):
+        def gather(self, value):
+            self.sent = value
+            raise Gathered
+    task = get_task("classify")()
+    examples = task.read(data / "dev.jsonl")[:6]
+    task.fit(task.read(data / "train.jsonl"), {"pooling": "pooler"})
+    tok = load_tokenizer(tiny)
+    bert, _ = load_model(tiny, heads=False)
+    model = TaskModel(bert, task.head(bert.config, bert)).cuda()
+    procs = TwoRanks(0, 2, torch.device("cuda"))
+    with pytest.raises(Gathered):
+        _evaluate(task, model, task.features(examples, tok, 64), examples, tok, 4, procs)
+    outputs, _ = procs.sent
+    assert outputs and all(t.device.type == "cpu" for t in outputs)
