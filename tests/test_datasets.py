@@ -408,3 +408,22 @@ def test_an_unknown_ner_tag_is_named_by_its_line_in_the_conll_file(tmp_path):
         task.check(task.read(path), str(path))
     task.check(task.read(path)[:1], str(path))  # the first sentence alone: every tag known
     assert readers.read_conll(path, lines=True)[1] == (["Peter", "Blackburn"], ["B-PER", "I-PRE"], [6, 7])
+
+
+def test_a_tab_separated_conll_token_keeps_its_spaces(tmp_path, minilm_folder):
+    """Split at any whitespace, "New York<TAB>B-LOC" read as the token "New" (and a no-break space
+    inside a token cut it the same way): one word of two kept, its label with it."""
+    from bertkit import WordPieceTokenizer
+    from bertkit.data.readers import read_conll
+    from bertkit.tasks.ner import NerTask
+    path = tmp_path / "t.conll"
+    path.write_text("New York\tB-LOC\nis\tO\nbig\u00a0city\tO\n\nEU B-ORG\nrejects O\n")
+    assert read_conll(path) == [(["New York", "is", "big\u00a0city"], ["B-LOC", "O", "O"]), (["EU", "rejects"], ["B-ORG", "O"])]
+    (tmp_path / "bad.conll").write_text("New\tB-LOC\n\tO\n")
+    with pytest.raises(BertkitError, match=r"bad\.conll, line 2: an empty token column"):
+        read_conll(tmp_path / "bad.conll")
+    task = NerTask()
+    examples = task.read(path)
+    task.fit(examples, {})
+    [feat, _] = task.features(examples, WordPieceTokenizer.from_folder(minilm_folder), 32)
+    assert feat["n_words"] == 3  # "New York" is one word: its label on its first piece

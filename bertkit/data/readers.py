@@ -123,14 +123,18 @@ def read_classify(path: str | Path) -> list[dict]:
 
 def read_conll(path: str | Path, lines: bool = False) -> list[tuple[list[str], list[str]]]:
     """Sentences (tokens, tags) of a CoNLL file: `token<whitespace>tag` per line with the tag
-    last (middle columns, as in CoNLL-2003, are ignored), a blank line between sentences.
+    last (middle columns, as in CoNLL-2003, are ignored), a blank line between sentences; a line
+    with tabs is split at its tabs alone (a token may hold spaces).
     `-DOCSTART-` lines are document markers, not tokens. lines=True: (tokens, tags, line
     numbers), each token's line in the file, for errors that name it."""
     path = Path(path)
     sentences, tokens, tags, numbers = [], [], [], []
     for lineno, line in enumerate(read_lines(path) + [""], 1):
-        fields = line.split()
-        if not fields:
+        line = line.rstrip()
+        # a tab-separated line keeps each column whole: "New York<TAB>B-LOC" is one token (split at
+        # any whitespace it was "New", its label on one word of two)
+        fields = [f.strip() for f in line.split("\t")] if "\t" in line else line.split()
+        if not fields or not line:
             if tokens:
                 sentences.append((tokens, tags, numbers) if lines else (tokens, tags))
                 tokens, tags, numbers = [], [], []
@@ -140,6 +144,8 @@ def read_conll(path: str | Path, lines: bool = False) -> list[tuple[list[str], l
         if len(fields) < 2:
             raise BertkitError(f"{path}, line {lineno}: expected 'token tag', found one field {fields[0]!r} "
                                "(the tag is missing)")
+        if not fields[0] or not fields[-1]:
+            raise BertkitError(f"{path}, line {lineno}: an empty {'token' if not fields[0] else 'tag'} column")
         tokens.append(fields[0])
         tags.append(fields[-1])
         numbers.append(lineno)
