@@ -1,6 +1,8 @@
 """Fine-tuning tasks on inputs that gave silent wrong results or tracebacks: each test names the bug."""
+import pytest
 import torch
 
+from bertkit import BertkitError
 from bertkit.tasks import get_task
 from bertkit.tasks.base import TaskModel
 from bertkit.tokenizer import WordPieceTokenizer
@@ -189,3 +191,28 @@ def test_ner_predictions_give_the_entity_spans_of_their_tags():
     pos = NerTask()  # tags of no entity scheme (parts of speech): no spans to give
     pos.fit([{"words": ["a", "cat"], "tags": ["DET", "NOUN"]}], {})
     assert "entities" not in pos.describe(["DET", "NOUN"], {"words": ["a", "cat"]})
+
+
+def test_classify_refuses_evaluation_inputs_of_the_other_kind_than_it_was_trained_on(tmp_path):
+    """A model fine-tuned on single texts was scored on a file of pairs (or the reverse) without a
+    word: it read [CLS] A [SEP] B [SEP], inputs it never saw in training."""
+    from bertkit.tasks.classify import ClassifyTask
+    singles = [{"text": "good", "text_pair": None, "label": "a"}, {"text": "bad", "text_pair": None, "label": "b"}]
+    pairs = [{**r, "text_pair": "film", "line": i + 2} for i, r in enumerate(singles)]
+    on_texts, on_pairs = ClassifyTask(), ClassifyTask()
+    on_texts.fit(singles, {})
+    on_pairs.fit(pairs, {})
+    assert (on_texts.info["inputs"], on_pairs.info["inputs"]) == ("texts", "pairs")
+    on_texts.check(singles, "dev.csv")
+    on_pairs.check(pairs, "dev.csv")
+    with pytest.raises(BertkitError, match=r"dev\.csv, line 2: a text pair \(text_pair\), but the model was "
+                                           r"fine-tuned on single texts; 2 such row\(s\)"):
+        on_texts.check(pairs, "dev.csv")
+    with pytest.raises(BertkitError, match=r"dev\.csv, row 1: a single text \(text_pair\), but the model was "
+                                           r"fine-tuned on text pairs"):
+        on_pairs.check(singles, "dev.csv")
+    both = ClassifyTask()  # trained on both kinds: either is fine
+    both.fit(singles + pairs, {})
+    both.check(singles + pairs, "dev.csv")
+    old = ClassifyTask({"labels": ["a", "b"]})  # a folder from before "inputs" was recorded: not checked
+    old.check(pairs, "dev.csv")

@@ -84,6 +84,8 @@ class ClassifyTask(Task):
         if len(labels) < 2:
             raise BertkitError(f"classification needs at least two labels in the training data, found {labels}")
         self.info["labels"] = labels
+        paired = {r.get("text_pair") is not None for r in train}  # what the model learns to read
+        self.info["inputs"] = "both" if len(paired) > 1 else "pairs" if True in paired else "texts"
 
     def check(self, examples, source):
         known = set(self.info["labels"])
@@ -93,6 +95,16 @@ class ClassifyTask(Task):
             where = f"line {r['line']}" if "line" in r else f"row {i + 1}"
             raise BertkitError(f"{source}, {where}: label {r['label']!r} is not one the model knows "
                                f"({', '.join(self.info['labels'])}); {len(unknown)} such row(s)")
+        # a model fine-tuned on single texts scored on pairs (or the reverse) reads inputs it never saw
+        kind = self.info.get("inputs")  # None: a folder from before it was recorded
+        if kind in ("texts", "pairs"):
+            other = [(i, r) for i, r in enumerate(examples) if (r.get("text_pair") is not None) != (kind == "pairs")]
+            if other:
+                i, r = other[0]
+                where = f"line {r['line']}" if "line" in r else f"row {i + 1}"
+                raise BertkitError(f"{source}, {where}: " + ("a single text" if kind == "pairs" else "a text pair")
+                                   + " (text_pair), but the model was fine-tuned on "
+                                   + ("text pairs" if kind == "pairs" else "single texts") + f"; {len(other)} such row(s)")
 
     def features(self, examples, tokenizer, max_len):
         # single texts and pairs apart: a single text is [CLS] A [SEP] whatever else is in the call
