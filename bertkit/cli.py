@@ -474,8 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"bertkit: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:  # before a training loop could save anything
-        print("bertkit: interrupted; nothing was saved", file=sys.stderr)
+    except KeyboardInterrupt:  # outside a training loop's own handling (which says what it saved)
+        # not "nothing was saved": a run stopped after its loop (its closing evaluation or plot)
+        # keeps the checkpoints it wrote, and --resume continues from them
+        out = getattr(args, "out", None)
+        print("bertkit: interrupted" + (f"; what was already written to {out} is kept" if out else ""),
+              file=sys.stderr)
         return 130
     return 0
 

@@ -374,3 +374,16 @@ def test_the_console_command_exits_with_mains_code_after_its_fast_exit(tmp_path,
     assert np_rows(tmp_path / "a.npy") == 2
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # exists, no --overwrite
     assert r.returncode == 2 and "already exists" in r.stderr, r.stderr
+
+
+def test_an_interrupt_outside_a_training_loop_does_not_say_nothing_was_saved(monkeypatch, capsys, tmp_path):
+    """Ctrl-C after a fine-tuning loop (during its closing evaluation or plot) printed "nothing was
+    saved" beside the checkpoints it had written."""
+    import bertkit.cli as cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(cli, "cmd_tokenizer_train", interrupted)
+    assert cli.main(["tokenizer", "train", "--corpus", "wiki", "--out", str(tmp_path / "v")]) == 130
+    err = capsys.readouterr().err
+    assert "nothing was saved" not in err and f"interrupted; what was already written to {tmp_path / 'v'} is kept" in err
