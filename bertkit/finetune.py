@@ -540,11 +540,15 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
                             {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
                             {"epoch": epoch_now, "batch": batch_now, "elapsed_s": elapsed(), "best": best,
                              "best_epoch": best_epoch, "stale": stale, "history": history, "guard": guard.state(),
-                             "start_s": start_s, "eval_s": eval_s, "finished": finished,
+                             "start_s": start_s, "eval_s": eval_s, "finished": finished, "window": window,
                              "world_size": procs.world, "options": _options(cfg)}, cfg.keep_checkpoints)
         procs.barrier()
 
+    # the steps since the last loss record, kept in checkpoints: a resumed run logs them with its next record
     window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
+    saved = state.get("window") if ckpt is not None else None  # none in checkpoints from before it was kept
+    if isinstance(saved, dict) and saved.keys() == window.keys():
+        window = saved
     bar = tqdm(total=round(cfg.budget) if cfg.budget else total, initial=round(elapsed0) if cfg.budget else step,
                disable=not (cfg.progress and main), unit="s" if cfg.budget else "step", dynamic_ncols=True)
     signals = StopSignals()
@@ -592,8 +596,10 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
                                                                              bool(signals))
                 out_of_time = bool(cfg.budget) and now + step_s > cfg.budget - eval_s
                 bar.update(round(now - bar.n) if cfg.budget else 1)
-                # a window of only skipped steps has no loss to log: it is logged with the next window
-                if main and (step % cfg.log_every == 0 or step == total or out_of_time) and window["n"]:
+                # a window of only skipped steps has no loss to log: it is logged with the next window.
+                # Each epoch's last step logs too: the run may stop after its evaluation (--patience)
+                last_of_epoch = b == len(groups) - 1
+                if main and (step % cfg.log_every == 0 or step == total or out_of_time or last_of_epoch) and window["n"]:
                     rec = {"step": step, "epoch": epoch, "loss": window["loss"] / window["n"], "lr": lr,
                            "elapsed_s": now, "pairs_per_s": window["examples"] / window["compute"],
                            "skipped_steps": guard.skipped}
