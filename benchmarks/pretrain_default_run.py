@@ -106,7 +106,8 @@ def main():
     plot(records, plot_path)
     e = summary["final_eval"]
     print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; held-out at [MASK]: top-1 {e['eval_mlm_acc']:.3f}, "
-          f"top-5 {e['eval_mlm_top5']:.3f}, MLM loss {e['eval_mlm_loss']:.3f}")
+          f"top-5 {e['eval_mlm_top5']:.3f}, MLM loss {e['eval_mlm_loss_mask']:.3f}; "
+          f"over every predicted position (copyable unchanged ones included) {e['eval_mlm_loss']:.3f}")
 
 
 if __name__ == "__main__":

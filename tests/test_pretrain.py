@@ -725,6 +725,38 @@ def test_held_out_nsp_is_reported_with_its_majority_label_baseline():
     assert result["eval_nsp_majority_acc"] == 6 / 8 and result["eval_pairs"] == 8
 
 
+def test_held_out_mlm_loss_at_mask_positions_is_reported_apart():
+    """The held-out MLM loss averages every predicted position, the unchanged ones a model can copy
+    included; eval_mlm_loss_mask is the loss at [MASK] positions alone (by hand here), the figure a
+    baseline that cannot copy compares with."""
+    import torch.nn.functional as F
+
+    from bertkit.model import BertForPreTraining, init_weights
+    from bertkit.pretraining.train import evaluate
+    from conftest import hf_tester_config
+    cfg = hf_tester_config()
+    torch.manual_seed(0)
+    model = BertForPreTraining(cfg).eval()
+    init_weights(model, cfg)
+    g = torch.Generator().manual_seed(1)
+    original = torch.randint(5, cfg.vocab_size, (3, 10), generator=g)
+    ids = original.clone()
+    ids[:, 1] = 4                        # [MASK]
+    ids[:, 3] = (ids[:, 3] + 1 - 5) % (cfg.vocab_size - 5) + 5  # a random token; 2 stays unchanged
+    batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids),
+             "mlm_positions": torch.tensor([[1, 2, 3, 0]] * 3), "mlm_labels": original[:, [1, 2, 3, 0]].clone(),
+             "nsp_labels": torch.zeros(3, dtype=torch.long)}
+    batch["mlm_labels"][:, 3] = -100     # an unused slot
+    result = evaluate(model, [batch], torch.device("cpu"), mask_id=4)
+    with torch.no_grad():
+        logits = model(ids, batch["token_type_ids"], batch["attention_mask"], mlm_positions=batch["mlm_positions"]).mlm_logits
+    at_mask = F.cross_entropy(logits[:, 0], original[:, 1])
+    everywhere = F.cross_entropy(logits[:, :3].flatten(0, 1), original[:, 1:4].flatten())
+    assert result["eval_masked"] == 3 and result["eval_predictions"] == 9
+    assert result["eval_mlm_loss_mask"] == pytest.approx(float(at_mask), rel=1e-5)
+    assert result["eval_mlm_loss"] == pytest.approx(float(everywhere), rel=1e-5)
+
+
 def test_a_resumption_with_more_steps_says_the_schedule_changes(tmp_path, wiki_excerpt, vocab, capfd):
     """--steps and --budget may change on --resume (a run extended), but the lr then follows
     another schedule than the one the run started on: said, not done silently."""
