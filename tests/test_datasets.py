@@ -353,6 +353,29 @@ def test_rouge_tokenizer_is_rouge_scores_on_ascii_and_keeps_every_scripts_words(
     assert readers.greedy_labels(["猫が座った。", "雨が降る。"], "雨が降る") == [0, 1]
 
 
+def test_summarize_rouge_is_rouge_scores_stemmed_over_the_joined_summary():
+    """What the README says summarize's ROUGE is: rouge-score's F-measures with its stemmer on,
+    ROUGE-L over the summary joined into one text (rougeL, not rougeLsum), the mean over documents,
+    against the labelled sentences when there is no summary."""
+    from rouge_score import rouge_scorer
+
+    from bertkit.tasks.summarize import SummarizeTask
+    docs = [{"sentences": ["Models were trained on parsing tasks .", "The cats sat .", "Results improve greatly ."],
+             "labels": [1, 0, 1]},
+            {"sentences": ["We evaluate summaries .", "Evaluation uses stems ."], "labels": [0, 1],
+             "summary": "evaluating the summary with stemming"}]
+    preds = [{"summary": ["Models were trained on parsing tasks .", "The cats sat ."]},
+             {"summary": ["We evaluate summaries ."]}]
+    got = SummarizeTask({}).metrics(preds, docs)
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
+    refs = ["Models were trained on parsing tasks . Results improve greatly .", docs[1]["summary"]]
+    scores = [scorer.score(r, " ".join(p["summary"])) for r, p in zip(refs, preds)]
+    for key in ("rouge1", "rouge2", "rougeL"):
+        assert got[key] == pytest.approx(sum(s[key].fmeasure for s in scores) / 2, abs=1e-12)
+    unstemmed = rouge_scorer.RougeScorer(["rouge1"]).score(refs[1], "We evaluate summaries .")["rouge1"].fmeasure
+    assert unstemmed < scores[1]["rouge1"].fmeasure  # the stemmer matters here: "evaluate" and "evaluating"
+
+
 def test_summarize_rouge_scores_text_outside_latin():
     from bertkit.tasks import get_task
     task = get_task("summarize")()

@@ -112,7 +112,9 @@ class SummarizeTask(Task):
         from rouge_score import rouge_scorer
 
         from ..data.readers import RougeTokenizer
-        # rouge-score's scores; its tokenizer dropped every letter outside a-z (Russian scored 0)
+        # rouge-score's F-measures, stemmed (ROUGE-1.5.5's -m, as summarization papers report), rougeL
+        # over each summary joined into one text (not rougeLsum); its tokenizer dropped every letter
+        # outside a-z (Russian scored 0)
         scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], tokenizer=RougeTokenizer(use_stemmer=True))
         totals = {"rouge1": 0.0, "rouge2": 0.0, "rougeL": 0.0}
         for p, ex in zip(predictions, examples):
