@@ -2,6 +2,7 @@
 import json
 import math
 import re
+import time
 
 import pytest
 import torch
@@ -380,6 +381,21 @@ def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_cloc
     later = [json.loads(p.read_text()) for p in (out2 / "checkpoints").glob("step_*/trainer.json")]
     later = [c for c in later if c["step"] > 10]
     assert later and all(c["schedule_end"] <= state["schedule_end"] for c in later)
+
+
+def test_a_budgeted_run_that_ends_past_its_budget_still_saves_with_its_progress_bar_on(tmp_path, wiki_excerpt,
+                                                                                       vocab, capfd):
+    """A step, evaluation or save can end after the budget (a busy machine: `bertkit pretrain
+    --budget 30s --model mini` did). The seconds bar then counted past its total, which tqdm
+    formats without a total, and the bar's format raised TypeError: a traceback, no model saved."""
+    budget = 3.0
+    stall = lambda step, model: time.sleep(budget + 0.5) if step == 1 else None  # the clock passes the budget
+    out = tmp_path / "late"
+    summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=None, budget=f"{budget}s", save_every=0,
+                            eval_every=1000, progress=True), on_step=stall)
+    assert summary["elapsed_s"] > budget and summary["steps"] == 2
+    assert (out / "model.safetensors").is_file()
+    assert f"{budget:.0f}/{budget:.0f} s" in capfd.readouterr().err  # the bar stops at its total
 
 
 def _last_lr_bound(train, peak, budget):

@@ -701,8 +701,12 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     # SIGINT (Ctrl-C) and SIGTERM end the run after the current step, with a checkpoint
     signals = StopSignals()
     signals.install()
-    total = cfg.budget or cfg.steps
-    bar = tqdm(total=round(total), initial=round(elapsed0 if cfg.budget else step), unit="s" if cfg.budget else "step",
+    total = round(cfg.budget or cfg.steps)
+    # a budget's bar counts seconds, never past its total: the last step, evaluation and save may
+    # end after the budget (a slow step, a busy machine), and tqdm formats a count past its total
+    # without one, which the bar format below cannot print (a traceback at the end, the model unsaved)
+    bar = tqdm(total=total, initial=min(round(elapsed0), total) if cfg.budget else step,
+               unit="s" if cfg.budget else "step",
                disable=not (cfg.progress and main), dynamic_ncols=True,
                bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
     # where the budget's schedule ends, and the times it leaves room for: a resumed run goes on
@@ -804,7 +808,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             # rank 0's clock and anyone's signal: every rank stops at the same step
             (now, step_s, eval_s, save_s), interrupted = procs.agree_with_rank_0(
                 [now := elapsed(), step_s, eval_s, save_s], bool(signals))
-            bar.update(round(now - bar.n) if cfg.budget else 1)
+            bar.update(min(round(now), total) - bar.n if cfg.budget else 1)
             # a budgeted run stops when one more step, the final evaluation and the saving would not fit
             last = step >= cfg.steps if cfg.steps else now + step_s > cfg.budget - eval_s - 2 * save_s
             if main and (step % cfg.log_every == 0 or last) and window["steps"]:
