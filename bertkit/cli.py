@@ -89,8 +89,9 @@ def cmd_pretrain(args) -> None:
             raise BertkitError(f"--vocab-size {args.vocab_size}: the run in {args.out} trained its vocabulary with "
                                f"{base.get('vocab_size')}, which a resumed run keeps")
         overrides = {**{k: v for k, v in base.items() if k != "progress"}, **{k: v for k, v in overrides.items() if v is not None}}
+    command = {"no_samples": False}  # the command's own options, which the TOML file may set too
     if args.config:
-        cfg = PretrainConfig.from_toml(args.config, **overrides)
+        cfg = PretrainConfig.from_toml(args.config, command, **overrides)
     else:
         cfg = PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
     summary = pretrain(cfg)
@@ -108,7 +109,7 @@ def cmd_pretrain(args) -> None:
               f"(always the most common token: {ev['eval_majority_token_acc']:.3f}); "
               f"random-token positions {ev['eval_mlm_acc_random']:.3f}, unchanged {ev['eval_mlm_acc_unchanged']:.3f}; "
               f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})")
-    if not args.no_samples:
+    if not (args.no_samples or command["no_samples"]):
         from .checkpoint import load_model
         from .pretraining.samples import show
         from .pretraining.shards import TokenStore

@@ -180,6 +180,23 @@ def test_cli_pretrain_with_a_toml_config_then_fill_mask(tmp_path, wiki_excerpt, 
     assert "has no [MASK] token" in capsys.readouterr().err
 
 
+def test_a_toml_config_takes_no_samples_too(tmp_path, wiki_excerpt, capsys):
+    """--config holds every option of --help (README: "every option, from a TOML file"), also the
+    command's own --no-samples, which the file refused as an unknown key."""
+    toml = tmp_path / "run.toml"
+    base = (f'corpus = "{wiki_excerpt}"\nsteps = 2\nbatch_size = 8\nmax_len = 32\nvocab_size = 500\n'
+            'holdout_every = 6\neval_pairs = 16\nprogress = false\nsentence_per_line = true\n')
+    toml.write_text(base + "no-samples = true\n")
+    assert main(["pretrain", "--config", str(toml), "--out", str(tmp_path / "a")]) == 0
+    printed = capsys.readouterr().out
+    assert "pretrained 2 steps" in printed and "fill-mask on held-out sentences" not in printed
+    assert not (tmp_path / "a" / "samples.json").exists()
+    toml.write_text(base + 'no_samples = "yes"\n')
+    assert main(["pretrain", "--config", str(toml), "--out", str(tmp_path / "b")]) == 2
+    assert "option no_samples (--no-samples): expected bool, got 'yes'" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
+
+
 def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vocab):
     """DistributedDataParallel on CPU (gloo): two processes share each batch; rank 0 writes."""
     import os

@@ -108,8 +108,12 @@ class PretrainConfig:
              "whole_word", "short_seq_prob", "nsp_weight", "seed", "holdout_every", "eval_pairs", "precision")
 
     @classmethod
-    def from_toml(cls, path: str | Path, **overrides) -> "PretrainConfig":
+    def from_toml(cls, path: str | Path, command: dict | None = None, **overrides) -> "PretrainConfig":
+        """The run's options from a TOML file (top level or a [pretrain] table); flags (overrides)
+        win. command: the command's own options that the file may hold too (the CLI's no_samples),
+        with their defaults; the file's values are written into it."""
         path = Path(path)
+        command = {} if command is None else command
         try:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
@@ -121,8 +125,14 @@ class PretrainConfig:
         values = {}
         for key, value in raw.items():
             name = key.replace("-", "_")
+            if name in command:
+                if type(value) is not type(command[name]):
+                    raise BertkitError(f"{path}: option {name} ({_flag(name)}): expected "
+                                       f"{type(command[name]).__name__}, got {value!r}")
+                command[name] = value
+                continue
             if name not in fields:
-                raise BertkitError(f"{path}: unknown key {key!r}; known keys: {', '.join(fields)}")
+                raise BertkitError(f"{path}: unknown key {key!r}; known keys: {', '.join([*fields, *command])}")
             values[name] = value
         try:
             return cls(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
