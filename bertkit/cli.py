@@ -410,7 +410,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--batch-tokens", type=int, default=16384, help="tokens per model call at most (default 16384)")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="request body limit (default 1 MiB)")
     sv.add_argument("--max-texts", type=int, default=256, help="texts per request (default 256)")
-    sv.add_argument("--max-tokens", type=int, default=None, help="tokens per text (default: the model's positions)")
+    sv.add_argument("--max-tokens", type=int, default=None,
+                    help="tokens per text (default: a sentence-transformers folder's max_seq_length, e.g. 256 for "
+                         "all-MiniLM-L6-v2; else the model's positions)")
     sv.add_argument("--max-attention-tokens", type=int, default=128, help="tokens per /attention text (default 128)")
     sv.set_defaults(func=cmd_serve)
 

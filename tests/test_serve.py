@@ -537,6 +537,10 @@ def test_a_sentence_transformers_folder_is_served_with_its_own_steps(tmp_path, t
                                    atol=1e-5)
         r = c.post("/encode", json={"texts": ["word " * 50]})
         assert r.status_code == 413 and "limit of 40 tokens" in r.json()["error"], r.text
+    # and --help says so (it said "the model's positions": 512 for all-MiniLM-L6-v2, served at 256)
+    from bertkit.cli import build_parser
+    serve_help = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
+    assert "max_seq_length" in " ".join(serve_help.split())
 
 
 def test_a_long_text_is_counted_off_the_event_loop_and_500s_are_in_the_metrics(tiny_bert):
