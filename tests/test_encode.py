@@ -328,3 +328,19 @@ def test_fill_mask_names_a_top_k_that_is_not_an_integer(minilm_folder):
         with pytest.raises(BertkitError, match=f"top_k must be an integer of at least 1, got {bad!r}"):
             fill_mask(model, tok, ["a [MASK] day"], top_k=bad)
     assert len(fill_mask(model, tok, ["a [MASK] day"], top_k=2)[0][0]) == 2
+
+
+def test_the_example_runs_on_any_folder(tiny_bert, capsys):
+    """examples/contextual_vectors.py [MODEL_FOLDER] (its docstring's usage) on a folder of one's
+    own: it asserted MiniLM's answer (the kitten sentence nearest the cat one), a traceback on a
+    one-minute pretraining run's folder; it prints which sentence is nearest instead."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parent.parent / "examples" / "contextual_vectors.py"
+    spec = importlib.util.spec_from_file_location("contextual_vectors", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(str(tiny_bert))
+    printed = capsys.readouterr().out
+    assert "cosine similarity of the vectors for 'crane'" in printed
+    assert "nearest to 'The cat sat on the mat.': " in printed
