@@ -244,6 +244,24 @@ def test_int8_export_keeps_a_scale_per_output_channel(exported, tmp_path):
     assert len(one) == len(ours) and all(size == 1 for size in one), one
 
 
+def test_int8_export_prints_no_advice_of_onnx_runtime(exported, tmp_path, caplog):
+    """quantize_dynamic warned on the root logger, so `bertkit export --int8` printed
+    "WARNING:root:Please consider to run pre-processing before quantization. Refer to example:
+    https://..." to its user; the root logger is left as it was."""
+    import logging
+
+    from bertkit.inference.export import quantize_int8
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    with caplog.at_level(logging.WARNING):
+        root.setLevel(logging.WARNING)  # as a plain process has it
+        quantize_int8(exported / "model.onnx", tmp_path / "q.onnx")
+        assert root.level == logging.WARNING
+    assert not [r for r in caplog.records if "pre-processing" in r.getMessage()], caplog.text
+    root.setLevel(level)
+    assert root.handlers == handlers
+
+
 def test_export_over_an_earlier_one_leaves_none_of_its_model_files(tmp_path, tiny_bert, exported):
     """export --overwrite into an earlier export kept the files the new model lacks: its
     tokenizer.json was read in place of the new vocab.txt (other ids, without a word), its

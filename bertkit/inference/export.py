@@ -77,8 +77,21 @@ def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = True) ->
     """Dynamic int8 quantisation of the matmul weights (ONNX Runtime's quantize_dynamic), a
     scale per output channel: one scale per matrix (per_channel=False) flipped more predictions
     of a fine-tuned classifier (benchmarks/onnx_int8.py)."""
+    import logging
+
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel)
+    # its advice on the root logger ("WARNING:root:Please consider to run pre-processing before
+    # quantization. Refer to example: https://...") reached every `bertkit export --int8` user; the
+    # root logger's level and handlers (logging.warning adds one where there is none) are put back
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel)
+    finally:
+        root.setLevel(level)
+        for handler in [h for h in root.handlers if h not in handlers]:
+            root.removeHandler(handler)
 
 
 class OnnxBert(nn.Module):
