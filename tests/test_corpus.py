@@ -315,6 +315,21 @@ def test_documentation_sources_are_read_from_their_package_or_named(tmp_path, mo
         iter_documents("wiki+linux-docs")
 
 
+def test_pretraining_on_documentation_not_installed_is_refused_before_its_out_is_made(tmp_path, monkeypatch,
+                                                                                        capsys):
+    """`bertkit pretrain --corpus python-docs` without python3.11-doc named the package only once
+    it had written --out (pretrain_config.json) and begun training a vocabulary."""
+    from bertkit.cli import main
+    from bertkit.pretraining import corpus
+    monkeypatch.setitem(corpus.DOC_SOURCES, "python-docs", (str(tmp_path / "none"), "**/*.rst.txt", "python3.11-doc"))
+    for source in ("python-docs", "wiki+python-docs"):
+        out = tmp_path / source
+        assert main(["pretrain", "--corpus", source, "--steps", "1", "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert "install them with `apt-get install python3.11-doc`" in err and "training a WordPiece" not in err
+        assert not out.exists()
+
+
 def test_the_vocabulary_is_trained_on_the_training_documents_alone(tmp_path, minilm_folder):
     """training_documents yields exactly the documents tokenize_corpus trains on (documents of
     text the normaliser removes whole are not counted in either; added sources are never held

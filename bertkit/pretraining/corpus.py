@@ -173,6 +173,9 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
     second; None for the built-in corpora. Splitting a 5 MB one-line corpus into sentences took
     26 s before the run said it needs two."""
     if str(source) == "wiki" or str(source) in DOC_SOURCES or _is_joined(source):
+        for part in str(source).split("+"):
+            if part in DOC_SOURCES:  # a package not installed is named before the run writes its --out
+                _doc_files(part)
         return None
     found = 0
     for f in _corpus_files(Path(source)):
