@@ -62,7 +62,8 @@ def cmd_encode(args) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     np.save(output, vectors)
     normalized = encoder.default_normalize if args.normalize is None else args.normalize
-    print(f"bertkit: wrote {vectors.shape[0]} vectors of size {vectors.shape[1]} "
+    n = vectors.shape[0]
+    print(f"bertkit: wrote {n} vector{'' if n == 1 else 's'} of size {vectors.shape[1]} "
           f"({args.pooling or encoder.default_pooling} pooling{', unit length' if normalized else ''}) to {output}")
 
 

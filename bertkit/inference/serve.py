@@ -55,7 +55,9 @@ class ServeConfig:
     batch_tokens: int = 16384          # a batch closes early once this many tokens wait
     max_body_bytes: int = 1 << 20      # 1 MiB
     max_texts: int = 256               # texts per request
-    max_tokens: int | None = None      # tokens per text, specials included (default: the model's positions)
+    # tokens per text, specials included (default: a sentence-transformers folder's max_seq_length,
+    # else the model's positions)
+    max_tokens: int | None = None
     max_attention_tokens: int = 128    # /attention returns L x heads x T x T weights: kept small
     max_top_k: int = 100
 
