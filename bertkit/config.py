@@ -15,6 +15,9 @@ from .errors import BertkitError
 
 # hidden_act spellings that all mean the erf GELU of the original BERT
 _GELU_NAMES = {"gelu", "gelu_python"}
+# a text pair given to a model of one segment type (its embedding has no row for segment 1)
+ONE_SEGMENT_TYPE = ("a text pair needs segment ids 0 and 1, but this model has one segment type "
+                    "(config.json type_vocab_size 1); give single texts")
 
 
 def _is_real(value) -> bool:

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import BertConfig
+from .config import ONE_SEGMENT_TYPE, BertConfig
 from .errors import BertkitError
 
 
@@ -297,8 +297,7 @@ class Embeddings(nn.Module):
         # deep in torch otherwise (checked only for such models, never while tracing for export)
         if (self.segment.num_embeddings == 1 and not torch.compiler.is_compiling()
                 and not torch.jit.is_tracing() and bool(token_type_ids.any())):
-            raise BertkitError("a text pair needs segment ids 0 and 1, but this model has one segment type "
-                               "(config.json type_vocab_size 1); give single texts")
+            raise BertkitError(ONE_SEGMENT_TYPE)
         T = input_ids.size(1)
         positions = torch.arange(T, device=input_ids.device)  # (T,), broadcast over the batch
         x = self.word(input_ids) + self.position(positions) + self.segment(token_type_ids)  # (B, T, H)

@@ -208,9 +208,8 @@ class WordPieceTokenizer:
                 # lowercasing tokenizer.json was lowercased here and not there, and saved so
                 strip = settings.get("strip_accents")
                 lowercase = True if lowercase is None else lowercase
-                tok.normalizer = normalizers.BertNormalizer(
-                    clean_text=True, handle_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-                    strip_accents=None if strip is None else bool(strip), lowercase=lowercase)
+                _bert_pipeline(tok, lowercase, None if strip is None else bool(strip),
+                               bool(settings.get("tokenize_chinese_chars", True)))
             if lowercase is None:
                 lowercase = _normalizer_lowercase(tok)
             if lowercase is None:

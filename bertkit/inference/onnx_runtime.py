@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..config import BertConfig, load_config
+from ..config import ONE_SEGMENT_TYPE, BertConfig, load_config
 from ..errors import BertkitError
 from ..files import sha256, weight_files
 
@@ -96,7 +96,6 @@ class OnnxEncoder:
         types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids, dtype=np.int64)
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, dtype=np.int64)
         if self.config.type_vocab_size == 1 and types.any():  # as BertModel says it (ONNX Runtime: a Gather error)
-            raise BertkitError("a text pair needs segment ids 0 and 1, but this model has one segment type "
-                               "(config.json type_vocab_size 1); give single texts")
+            raise BertkitError(ONE_SEGMENT_TYPE)
         sequence, pooled = self.session.run(list(OUTPUTS), dict(zip(INPUTS, (ids, types, mask))))
         return sequence, pooled

@@ -44,16 +44,6 @@ def _kind(tag: str) -> str | None:
     return tag[2:] if tag[:2] in ("B-", "I-") and len(tag) > 2 else None
 
 
-def to_bio(tags: list[str]) -> list[str]:
-    """IOB1 (or BIO with stray I- tags) to BIO: an I-X that begins an entity (first word, after
-    O or after another type) becomes B-X."""
-    out, prev = [], "O"
-    for t in tags:
-        out.append("B-" + t[2:] if t.startswith("I-") and _kind(prev) != _kind(t) else t)
-        prev = t
-    return out
-
-
 def to_iob1(tags: list[str]) -> list[str]:
     """BIO to IOB1: B-X stays only where an entity directly follows another of type X."""
     out, prev = [], "O"
@@ -104,6 +94,12 @@ def write_entities(spans: list[tuple[str, int, int]], n: int, scheme: str) -> li
             continue
         tags[start:end] = [f"{begin}-{kind}"] + [f"{inside}-{kind}"] * (end - start - 2) + [f"{last}-{kind}"]
     return tags
+
+
+def to_bio(tags: list[str]) -> list[str]:
+    """Tags of any scheme (IOB1, BIO with stray I- tags, BIOES, BILOU) as BIO holding the same
+    entities: an I-X that begins an entity (first word, after O or after another type) becomes B-X."""
+    return write_entities(entities(tags), len(tags), "bio")
 
 
 def tag_scheme(sequences) -> str:
@@ -296,8 +292,8 @@ class NerTask(Task):
         gold = [ex["tags"] for ex in examples]
         # seqeval scores the spans entities() reads, given to it as BIO: read by seqeval itself,
         # BILOU's L-X and U-X do not end an entity (two U-X in a row were one entity)
-        as_bio = (lambda tags: write_entities(entities(tags), len(tags), "bio")) if "scheme" in self.info else None
-        g, p = ([as_bio(t) for t in gold], [as_bio(t) for t in predictions]) if as_bio else (gold, predictions)
+        scored = "scheme" in self.info
+        g, p = ([to_bio(t) for t in gold], [to_bio(t) for t in predictions]) if scored else (gold, predictions)
         # no entity predicted (or none in gold): 0, seqeval's value, without its warning to the user
         score = lambda metric: metric(g, p, zero_division=0)  # noqa: E731
         return {"precision": score(precision_score), "recall": score(recall_score),
