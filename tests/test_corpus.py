@@ -352,3 +352,24 @@ def test_the_vocabulary_is_trained_on_the_training_documents_alone(tmp_path, min
     only_held = lambda vocab: sorted(t for t in vocab.tok.get_vocab() if "uxb" in t or "uux" in t)  # noqa: E731
     assert only_held(WordPieceTokenizer.train((s for d in docs for s in d), 300))  # all text: held-out pieces
     assert not only_held(WordPieceTokenizer.train((s for d in training_documents(iter(docs), 4) for s in d), 300))
+
+
+def test_a_task_file_is_read_as_its_rows_texts_without_labels(tmp_path):
+    from bertkit.pretraining.corpus import documents_up_to_two
+    rows = write(tmp_path / "train.jsonl", '{"text": "Great film. I loved it.", "label": "fresh"}\n\n'
+                 '{"text": "Dull.", "text_pair": "Too long, too slow.", "label": 0}\n'
+                 '{"sentences": ["First line.", "Second line."], "labels": [1, 0]}\n'
+                 '{"document": "A paper. It ends.", "summary": "x"}\n')
+    assert load_documents(rows) == [["Great film.", "I loved it."], ["Dull.", "Too long, too slow."],
+                                    ["First line.", "Second line."], ["A paper.", "It ends."]]
+    table = write(tmp_path / "train.tsv", "label\ttext\nfresh\tA fine cast. Well shot.\nrotten\tNo.\n")
+    assert load_documents(table) == [["A fine cast.", "Well shot."], ["No."]]
+    assert documents_up_to_two(table) == 2
+    assert documents_up_to_two(write(tmp_path / "one.csv", "text,label\nOnly one.,x\n")) == 1
+    # joined with wiki-like text: the task's texts are trained on, never held out
+    article = write(tmp_path / "a.txt", "An article. Two sentences.\n\nAnother. Here.")
+    assert [type(d).__name__ for d in iter_documents(f"{article}+{table}")] == ["list", "list", "TrainOnly", "TrainOnly"]
+    with pytest.raises(BertkitError, match=r"line 2: no text to pretrain on.*'question'"):
+        load_documents(write(tmp_path / "q.jsonl", '{"text": "ok."}\n{"question": "why?"}\n'))
+    with pytest.raises(BertkitError, match=r"line 1: a text must be a string, found 3"):
+        load_documents(write(tmp_path / "n.jsonl", '{"text": 3}\n{"text": "ok."}\n'))

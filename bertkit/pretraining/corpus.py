@@ -3,7 +3,8 @@
 Next sentence prediction needs both: sentences to pair, document boundaries to draw
 random "not next" sentences from elsewhere. Sources are a .txt file, a folder of them
 (documents separated by blank lines), `wiki` (the Wikipedia sample shipped with gensim),
-`python-docs` or `linux-docs` (Debian's reST documentation sources), or several joined by "+".
+`python-docs` or `linux-docs` (Debian's reST documentation sources), a task's data file (.jsonl,
+.csv, .tsv: the texts of its rows, for task-adaptive pretraining), or several joined by "+".
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import gzip
 import html
 import importlib.util
 import itertools
+import json
 import re
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
@@ -160,9 +162,43 @@ def _document_texts(path: Path) -> Iterator[str]:
             lines = []
 
 
+# A task's data file as a corpus: its texts without the labels, one document per row. Continued
+# pretraining on a task's own unlabelled text is task-adaptive pretraining (Gururangan et al. 2020).
+TASK_FILE_SUFFIXES = (".jsonl", ".csv", ".tsv")
+
+
+def is_task_file(path: Path) -> bool:
+    return path.suffix.lower() in TASK_FILE_SUFFIXES
+
+
+def task_file_texts(path: Path) -> Iterator[str]:
+    """Each row's text, its parts on lines of their own: `text` (and `text_pair`) of a classify,
+    word or encode file, or a summarize row's `sentences` or `document`."""
+    from ..data.readers import _table_rows
+    for lineno, row in _table_rows(path, ()):
+        if "text" in row:
+            parts = [row["text"], row.get("text_pair")]
+        elif "sentences" in row:
+            parts = row["sentences"] if isinstance(row["sentences"], list) else [row["sentences"]]
+        elif "document" in row:
+            parts = [row["document"]]
+        else:
+            raise BertkitError(f"{path}, line {lineno}: no text to pretrain on: expected a field 'text' "
+                               f"(classify, word), 'sentences' or 'document' (summarize); the row has "
+                               f"{', '.join(map(repr, row)) or 'no fields'}")
+        parts = [p for p in parts if p is not None]
+        bad = next((p for p in parts if not isinstance(p, str)), None)
+        if bad is not None:
+            raise BertkitError(f"{path}, line {lineno}: a text must be a string, found {json.dumps(bad)}")
+        text = "\n".join(p for p in parts if p.strip())
+        if text:
+            yield text
+
+
 def _files_documents(files: Iterable[Path], per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
-    # read a file at a time; with per_file a file is one text
-    texts = (_read(p) for p in files) if per_file else (t for p in files for t in _document_texts(p))
+    # read a file at a time; with per_file a file is one text; a task file's rows are its texts
+    texts = (t for p in files for t in (task_file_texts(p) if is_task_file(p) else
+                                         [_read(p)] if per_file else _document_texts(p)))
     documents = map(_lines, texts) if per_line else map_texts("sentences", texts)
     return (sentences for sentences in documents if sentences)
 
@@ -179,6 +215,11 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
         return None
     found = 0
     for f in _corpus_files(Path(source)):
+        if is_task_file(f):
+            found += sum(1 for _ in itertools.islice(task_file_texts(f), 2 - found))
+            if found >= 2:
+                return 2
+            continue
         inside = False  # each file's last document ends with the file
         for line in _file_lines(f):
             if line.strip() and not inside:
