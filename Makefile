@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench bench-recipes bench-corpus bench-serve bench-finetune-study bench-finetune-defaults bench-gpu clean
+.PHONY: demo test test-all bench bench-recipes bench-corpus bench-serve bench-finetune-study bench-finetune-defaults bench-pretrain-value bench-gpu clean
 
 $(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -70,6 +70,16 @@ bench-finetune-study: $(VENV)/.test
 
 bench-finetune-defaults: $(VENV)/.test
 	$(PY) benchmarks/finetune_study.py --part defaults
+
+# does pretraining pay off downstream: tiny and mini pretrained 0, 10, 30 and 60 minutes, fine-tuned
+# with the defaults on rotten-tomatoes and tweets (3 seeds), beside word-count logistic regression
+# (scikit-learn, for this benchmark only) and MiniLM; resumable part by part (about 5 hours on 2 cores)
+bench-pretrain-value: $(VENV)/.test
+	$(PIP) scikit-learn==1.9.1
+	$(PY) benchmarks/pretrain_value.py baselines
+	$(PY) benchmarks/pretrain_value.py pretrain
+	$(PY) benchmarks/pretrain_value.py value
+	$(PY) benchmarks/pretrain_value.py value --models minilm
 
 # BERT-base steps on one GPU, bertkit beside transformers; says so and exits 0 without a GPU
 bench-gpu: $(VENV)/.test

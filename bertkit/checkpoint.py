@@ -254,6 +254,22 @@ def save_model(model, folder: str | Path, tokenizer=None, bertkit_info: dict | N
     return folder
 
 
+def pretraining_origin(folder: str | Path) -> str | None:
+    """The preset (random weights) that the bertkit pretraining run in `folder` started from,
+    through any runs it continued; None for any other folder (a published checkpoint, a run that
+    started from one, a fine-tuned model). Runs from before this was recorded started from "tiny"
+    as most runs do."""
+    from .config import PRESETS
+    try:
+        info = json.loads((Path(folder) / "bertkit.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("task") != "pretraining":
+        return None
+    origin = info.get("pretrained_from", "tiny")
+    return origin if origin in PRESETS else None
+
+
 # what makes a folder a sentence-transformers one; bertkit keeps a saved model's pooling in bertkit.json
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 

@@ -20,9 +20,10 @@ def cmd_tokenizer_train(args) -> None:
     # a non-empty --out (a model folder's config.json, an earlier tokenizer_config.json) is never
     # written into without --overwrite; an unwritable one fails before the corpus is read
     out = check_output_folder(args.out, args.overwrite)
-    from .pretraining.corpus import check_sentence_per_line, iter_documents
+    from .pretraining.corpus import check_corpus_name, check_sentence_per_line, iter_documents
 
     # read fully first: a bad file fails before anything is written
+    check_corpus_name(args.corpus)
     if args.sentence_per_line:
         check_sentence_per_line(args.corpus)
     texts = [s for doc in iter_documents(args.corpus, per_line=args.sentence_per_line) for s in doc]
@@ -34,6 +35,16 @@ def cmd_tokenizer_train(args) -> None:
     tok.save(out)
     print(f"bertkit: trained a WordPiece vocabulary of {tok.vocab_size} tokens on {len(texts)} sentences; "
           f"wrote {out / 'vocab.txt'} and {out / 'tokenizer.json'}")
+
+
+def _refuse_tokenless(tokenizer, texts: list, where) -> None:
+    """An empty text, or one the tokenizer keeps nothing of, is refused by name (as the server
+    answers 422): its vector or prediction would be of [CLS] and [SEP] alone. where(i) names text i."""
+    bad = tokenizer.tokenless(texts)
+    if bad:
+        t = texts[bad[0]]
+        why = "empty text" if not t.strip() else f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)"
+        raise BertkitError(f"{where(bad[0])}: {why}; {len(bad)} such text(s)")
 
 
 def cmd_encode(args) -> None:
@@ -56,6 +67,10 @@ def cmd_encode(args) -> None:
     # row i of the output is line i of the input: a blank line is refused, never skipped
     inputs = read_text_inputs(args.input, blank_lines="refuse")
     encoder = Encoder.from_folder(args.model, precision=args.precision, backend=args.backend)
+    for field, texts in (("text", inputs.texts), ("text_pair", inputs.pairs)):
+        if texts is not None:
+            _refuse_tokenless(encoder.tokenizer, texts,
+                              lambda i: f"{args.input}, line {i + 1}" + (f" ({field})" if inputs.pairs else ""))
     vectors = encoder.encode(inputs.texts, inputs.pairs, pooling=args.pooling, batch_size=args.batch_size,
                              max_len=args.max_len, truncation=not args.no_truncation,
                              normalize=args.normalize)
@@ -112,12 +127,16 @@ def cmd_pretrain(args) -> None:
               f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})")
     if not (args.no_samples or command["no_samples"]):
         from .checkpoint import load_model
+        from .pretraining.probe import PROBE_MIN_RUN_S, report
         from .pretraining.samples import show
         from .pretraining.shards import TokenStore
         from .tokenizer import WordPieceTokenizer
 
         model, _ = load_model(out)
-        shown = show(model, WordPieceTokenizer.from_folder(out), TokenStore(out / "data" / "shards" / "eval"))
+        tokenizer = WordPieceTokenizer.from_folder(out)
+        shown = show(model, tokenizer, TokenStore(out / "data" / "shards" / "eval"))
+        if summary["elapsed_s"] >= PROBE_MIN_RUN_S:  # seconds of probing: worth it after minutes of training
+            shown["downstream_probe"] = report(model.bert, tokenizer)
         (out / "samples.json").write_text(json.dumps(shown, indent=2) + "\n")
 
 
@@ -197,7 +216,12 @@ def cmd_predict(args) -> None:
     if args.input is None and not args.text:
         raise BertkitError("give --input FILE or texts to predict")
     max_len = task_max_len(task, model, args.max_len)  # within the model's position limit
+    if args.text:  # a file's blank lines are refused as it is read
+        _refuse_tokenless(tok, args.text, lambda i: f"text {i + 1}")
     examples = task.read_inputs(path=args.input) if args.input else task.read_inputs(texts=args.text)
+    for field in ("text", "text_pair"):  # classify, word: what the model reads of each line
+        if args.input and any(isinstance(ex, dict) and ex.get(field) is not None for ex in examples):
+            _refuse_tokenless(tok, [ex.get(field) for ex in examples], lambda i: f"{args.input}, line {i + 1} ({field})")
     feats = task.features(examples, tok, max_len)
     preds, _ = run_task(task, model, feats, examples, tok, precision=args.precision)
     for p, ex in zip(preds, examples):
@@ -290,7 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
     pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
     pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, wiki (default), python-docs or linux-docs "
-                                     "(Debian's documentation packages); A+B adds B as training-only text")
+                                     "(Debian's documentation packages), or a task's .jsonl/.csv/.tsv file (the texts "
+                                     "of its rows: task-adaptive pretraining); A+B adds B as training-only text")
     pt.add_argument("--doc-per-file", action="store_true",
                     help="each .txt file is one document (default: blank lines separate documents)")
     pt.add_argument("--sentence-per-line", action="store_true", help=SENTENCE_PER_LINE_HELP)
@@ -331,7 +356,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--precision", choices=["auto", "fp32", "bf16"],
                     help="the training steps' precision (default auto: bf16 autocast on a GPU and on a CPU with native "
                          "bf16 matmuls, AMX or AVX512_BF16, else fp32; weights and optimizer state stay fp32)")
-    pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples at the end")
+    pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples and the downstream check at the end")
     pt.set_defaults(func=cmd_pretrain)
 
     fm = sub.add_parser("fill-mask", help="top predictions for each [MASK] in the texts")
@@ -351,7 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
     ft.add_argument("--epochs", type=int, help=f"default per task: {per_task('epochs')}")
     ft.add_argument("--batch-size", type=int, help=f"default per task: {per_task('batch_size')}")
-    ft.add_argument("--lr", type=float, help=f"default per task: {per_task('lr')}")
+    ft.add_argument("--lr", type=float, help=f"default per task: {per_task('lr')}; for a model bertkit pretrained "
+                                             "from scratch 1e-3 x 128 / its hidden size")
     ft.add_argument("--max-len", type=int, help=f"default per task: {per_task('max_len')}")
     ft.add_argument("--log-every", type=int, default=10)
     ft.add_argument("--seed", type=int, default=0)

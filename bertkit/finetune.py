@@ -32,8 +32,8 @@ from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
 from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
 from .training.distributed import TRAINING_PRECISIONS, Processes, init_processes, training_precision
-from .training.log import MetricsLog, plot_losses, write_json
-from .training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
+from .training.log import MetricsLog, plot_losses, progress_bar, write_json
+from .training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
 
 
 @dataclass
@@ -74,10 +74,14 @@ class FinetuneConfig:
              "clip", "group_by_length", "seed", "options", "grad_accum", "budget", "precision")
 
     def __post_init__(self):
-        from .tasks import DEFAULTS
+        from .tasks import DEFAULTS, default_lr
+        if self.budget is not None and self.epochs is not None:  # the budget ends the run: epochs would be ignored
+            raise BertkitError("give --epochs or --budget, not both")
         for name, value in DEFAULTS.get(self.task, DEFAULTS["classify"]).items():
-            if name != "options" and getattr(self, name) is None:
+            if name not in ("options", "lr") and getattr(self, name) is None:
                 setattr(self, name, value)
+        if self.lr is None:  # by what the model is: a published checkpoint or one bertkit pretrained
+            self.lr = default_lr(self.task, self.model)
         # named as the command line spells them: the CLI passes its options straight through
         for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "log_every", "patience", "grad_accum",
                      "keep_checkpoints"):
@@ -96,6 +100,7 @@ class FinetuneConfig:
                 raise BertkitError(f"--{name.replace('_', '-')} must be {what}, got {value!r}")
         if isinstance(self.save_every, bool) or not isinstance(self.save_every, int) or self.save_every < 0:
             raise BertkitError(f"--save-every must be an integer of at least 0, got {self.save_every!r}")
+        check_seed(self.seed)
         if self.batch_size % self.grad_accum:
             raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
         if self.budget is not None:
@@ -549,8 +554,9 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     saved = state.get("window") if ckpt is not None else None  # none in checkpoints from before it was kept
     if isinstance(saved, dict) and saved.keys() == window.keys():
         window = saved
-    bar = tqdm(total=round(cfg.budget) if cfg.budget else total, initial=round(elapsed0) if cfg.budget else step,
-               disable=not (cfg.progress and main), unit="s" if cfg.budget else "step", dynamic_ncols=True)
+    bar = progress_bar(cfg.progress and main, total=round(cfg.budget) if cfg.budget else total,
+                       initial=round(elapsed0) if cfg.budget else step, unit="s" if cfg.budget else "step",
+                       dynamic_ncols=True)
     signals = StopSignals()
     signals.install()
     step_s, eval_s, out_of_time = 0.0, (state.get("eval_s", 0.0) if ckpt is not None else 0.0), False

@@ -443,6 +443,14 @@ class WordPieceTokenizer:
         return Batch(ids, types, mask, [e.tokens for e in encs], [e.offsets for e in encs],
                      [e.sequence_ids for e in encs])
 
+    def tokenless(self, texts: list[str | None]) -> list[int]:
+        """Indices of the texts that are empty or hold no token at all (a zero-width space, control
+        characters: what str.strip() keeps and the tokenizer drops); None entries are skipped."""
+        given = [(i, t) for i, t in enumerate(texts) if t is not None]
+        self.tok.no_truncation()
+        encs = self.tok.encode_batch([t for _, t in given], add_special_tokens=False) if given else []
+        return [i for (i, t), e in zip(given, encs) if not t.strip() or not e.ids]
+
     def tokenize_ids(self, text: str) -> list[int]:
         """Token ids of one text, without special tokens, whole (never truncated)."""
         self.tok.no_truncation()  # encode_unpadded leaves its max_len set

@@ -51,8 +51,11 @@ def models(tmp_path_factory, minilm_folder):
         info = json.loads((root / name / "bertkit.json").read_text())
         info.pop("labels") if labels is None else info.update(labels=labels)
         (root / name / "bertkit.json").write_text(json.dumps(info))
+    shutil.copytree(root / "tiny", root / "tiny_st_bad_length")  # a sentence-transformers length below 3
+    (root / "tiny_st_bad_length" / "sentence_bert_config.json").write_text('{"max_seq_length": -3}')
     return {name: root / name for name in ("tiny", "small_vocab", "tiny_mlm", "classifier", "classifier_big_vocab",
-                                           "classifier_no_labels", "classifier_labels_str", "classifier_3_labels")}
+                                           "classifier_no_labels", "classifier_labels_str", "classifier_3_labels",
+                                           "tiny_st_bad_length")}
 
 
 def _user_files(tmp: Path) -> None:
@@ -77,6 +80,8 @@ def _user_files(tmp: Path) -> None:
     (tmp / "existing.npy").write_bytes(b"my vectors")
     (tmp / "dup.csv").write_text("text,label,text\na,pos,b\n")
     (tmp / "gap_label.csv").write_text("text,label\na,pos\n\nb,meh\n")
+    (tmp / "steps_true.toml").write_text("steps = true\n")
+    (tmp / "zero_width.txt").write_text("a fine text\n\u200b\n")
     (tmp / "surrogate.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "\\ud800", "label": "neg"}\n')
 
 
@@ -243,6 +248,35 @@ CASES = [
      "but bertkit.json describes one of (3, 32) (3 labels)"),
     ("fill-mask-truncated", "fill-mask --model {tiny_mlm} " + LONG_MASK.replace(" ", "\x00"),
      f"text 0: 1 of its 1 [MASK] token(s) lie past the model's limit: the text was truncated at {LIMIT} tokens"),
+    # 10. the hostile round two: tracebacks, silent wrong results and unclear messages it found
+    ("pretrain-seed-huge", "pretrain --corpus {tmp}/texts.txt --seed 18446744073709551616 --out {tmp}/new",
+     "--seed must be an integer from 0 to 4294967295 (2^32 - 1), got 18446744073709551616"),
+    ("pretrain-seed-negative", "pretrain --corpus {tmp}/texts.txt --seed -1 --out {tmp}/new",
+     "--seed must be an integer from 0 to 4294967295"),
+    ("finetune-seed-huge", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --seed 1000000000000000000000", "--seed must be an integer from 0 to 4294967295"),
+    ("pretrain-config-folder", "pretrain --config {tmp}/a_folder.txt --out {tmp}/new",
+     "a_folder.txt: cannot read the file (Is a directory)"),
+    ("pretrain-toml-steps-true", "pretrain --config {tmp}/steps_true.toml --out {tmp}/new",
+     "steps_true.toml: option steps (--steps): expected int, got True"),
+    ("pretrain-corpus-empty", "pretrain --corpus \x01 --out {tmp}/new".replace("\x01", ""), "--corpus is empty"),
+    ("pretrain-corpus-plus", "pretrain --corpus + --out {tmp}/new", "--corpus '+': a source joined by '+' is empty"),
+    ("pretrain-corpus-half-plus", "pretrain --corpus wiki+ --out {tmp}/new", "--corpus 'wiki+': a source joined by"),
+    ("tokenizer-corpus-plus", "tokenizer train --corpus + --vocab-size 50 --out {tmp}/new", "a source joined by '+'"),
+    ("finetune-budget-and-epochs", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "
+     "--out {tmp}/new --budget 20s --epochs 1", "give --epochs or --budget, not both"),
+    ("pretrain-mask-prob-zero", "pretrain --corpus {tmp}/texts.txt --mask-prob 0 --out {tmp}/new",
+     "--mask-prob must be between 0 and 1, got 0.0"),
+    ("pretrain-holdout-every-1", "pretrain --corpus {tmp}/texts.txt --holdout-every 1 --out {tmp}/new",
+     "--holdout-every must be 0 (none held out) or at least 2 (1 holds out every document"),
+    ("predict-empty-text", "predict classify --model {classifier} \x01".replace("\x01", ""), "text 1: empty text"),
+    ("predict-zero-width-text", "predict classify --model {classifier} fine \u200b", "text 2: no tokens in '\\u200b'"),
+    ("predict-zero-width-line", "predict classify --model {classifier} --input {tmp}/zero_width.txt",
+     "zero_width.txt, line 2 (text): no tokens in '\\u200b'"),
+    ("encode-zero-width-line", "encode --model {tiny} --input {tmp}/zero_width.txt --output {tmp}/new.npy",
+     "zero_width.txt, line 2: no tokens in '\\u200b' (nothing but characters the tokenizer drops); 1 such text(s)"),
+    ("encode-bad-max-seq-length", "encode --model {tiny_st_bad_length} --input {tmp}/texts.txt --output {tmp}/new.npy",
+     "sentence_bert_config.json: max_seq_length must be an integer of at least 3 ([CLS], a token, [SEP]), got -3"),
 ]
 
 
@@ -387,3 +421,18 @@ def test_an_interrupt_outside_a_training_loop_does_not_say_nothing_was_saved(mon
     assert cli.main(["tokenizer", "train", "--corpus", "wiki", "--out", str(tmp_path / "v")]) == 130
     err = capsys.readouterr().err
     assert "nothing was saved" not in err and f"interrupted; what was already written to {tmp_path / 'v'} is kept" in err
+
+
+def test_qa_predictions_read_jsonl_alone_and_refuse_an_empty_question(tmp_path):
+    """`predict qa --input` read any file as JSON lines (a SQuAD .json said 'line 1: not valid JSON'),
+    and an empty question was answered."""
+    from bertkit.errors import BertkitError
+    from bertkit.tasks.qa import QATask
+    squad = tmp_path / "dev.json"
+    squad.write_text('{"data": []}')
+    with pytest.raises(BertkitError, match=r"dev.json: qa predictions read a .jsonl file .* use `bertkit evaluate qa`"):
+        QATask().read_inputs(path=squad)
+    rows = tmp_path / "q.jsonl"
+    rows.write_text('{"question": "who?", "context": "Ann did."}\n{"question": " ", "context": "Bob."}\n')
+    with pytest.raises(BertkitError, match=r"q.jsonl, line 2: the question is empty"):
+        QATask().read_inputs(path=rows)

@@ -314,6 +314,7 @@ def test_classify_defaults_to_the_checkpoints_own_sentence_vector(tmp_path, tiny
         config = json.loads((out / "finetune_config.json").read_text())
         from bertkit.tasks import DEFAULTS
         assert config["epochs"] == 1 and config["lr"] == DEFAULTS["classify"]["lr"]  # given, and the task's default
+        # (tiny_bert has no bertkit.json: a published checkpoint's lr, not a scratch run's)
         assert config["group_by_length"] == ("--shuffled-batches" not in extra)
 
 
@@ -601,3 +602,39 @@ def test_a_head_transformers_would_run_otherwise_is_not_loaded_by_it_silently(tm
     save_file({k.removeprefix("bertkit_head."): v for k, v in tensors.items()}, str(out / "model.safetensors"))
     _, old, _ = load_task_model(out, device="cpu")
     torch.testing.assert_close(old.head.classifier.weight, model.head.classifier.weight, atol=0, rtol=0)
+
+
+def test_the_default_lr_follows_what_the_model_is(tmp_path, tiny_bert):
+    """A published checkpoint (or a run continued from one) takes the task's lr; a model bertkit
+    pretrained from random weights takes 1e-3 x 128 / hidden size, through the runs that continued
+    it; --lr always wins, and a resume resolves the same default."""
+    import shutil
+
+    from bertkit.checkpoint import pretraining_origin
+    from bertkit.finetune import FinetuneConfig
+    from bertkit.tasks import DEFAULTS, default_lr
+
+    def folder(name, info=None):
+        f = tmp_path / name
+        shutil.copytree(tiny_bert, f)
+        if info is not None:
+            (f / "bertkit.json").write_text(json.dumps(info))
+        return f
+
+    published = folder("published")
+    scratch = folder("scratch", {"task": "pretraining", "pretrained_from": "mini", "steps": 10})
+    older = folder("older", {"task": "pretraining", "steps": 10})  # from before pretrained_from was recorded
+    continued = folder("continued", {"task": "pretraining", "pretrained_from": str(published)})
+    finetuned = folder("finetuned", {"task": "classify", "labels": ["a", "b"]})
+    assert [pretraining_origin(f) for f in (published, scratch, older, continued, finetuned)] == [
+        None, "mini", "tiny", None, None]
+    hidden = 32  # tiny_bert's
+    for f, task, lr in ((published, "ner", DEFAULTS["ner"]["lr"]), (continued, "classify", DEFAULTS["classify"]["lr"]),
+                        (finetuned, "classify", DEFAULTS["classify"]["lr"]),
+                        (scratch, "classify", 1e-3 * 128 / hidden), (older, "ner", 1e-3 * 128 / hidden)):
+        assert default_lr(task, f) == pytest.approx(lr)
+        cfg = FinetuneConfig(task=task, model=str(f), train="t", eval="e", out="o")
+        assert cfg.lr == pytest.approx(lr)
+    assert FinetuneConfig(task="classify", model=str(scratch), train="t", eval="e", out="o", lr=2e-5).lr == 2e-5
+    (scratch / "config.json").write_text("{")  # unreadable: the task's lr; loading the model names the error
+    assert default_lr("classify", scratch) == DEFAULTS["classify"]["lr"]

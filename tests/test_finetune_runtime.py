@@ -41,8 +41,9 @@ def tiny_no_dropout(tmp_path_factory, minilm_folder):
 
 
 def _args(model, data, out, *extra):
+    epochs = () if "--budget" in extra or "--epochs" in extra else ("--epochs", "3")  # a budget takes no epochs
     return ["finetune", "classify", "--model", str(model), "--train", str(data / "train.jsonl"), "--eval",
-            str(data / "dev.jsonl"), "--out", str(out), "--epochs", "3", "--batch-size", "8", "--save-every", "2",
+            str(data / "dev.jsonl"), "--out", str(out), *epochs, "--batch-size", "8", "--save-every", "2",
             "--seed", "1", "--log-every", "1", *extra]
 
 
@@ -444,8 +445,7 @@ def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(t
     # the same accuracy every epoch: patience 1 stops after epoch 2 of 4
     monkeypatch.setattr(ClassifyTask, "metrics", lambda self, preds, examples: {"accuracy": 0.5})
     out = tmp_path / "run"
-    args = [*_args(tiny, small, out), "--epochs", "4", *(("--patience", "1") if stop == "patience" else
-                                                          ("--budget", "2s"))]
+    args = _args(tiny, small, out, *(("--epochs", "4", "--patience", "1") if stop == "patience" else ("--budget", "2s")))
 
     class Crash(Exception):
         pass

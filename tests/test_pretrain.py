@@ -111,6 +111,27 @@ def test_continue_pretraining_from_a_hf_folder(tmp_path, wiki_excerpt, minilm_fo
     assert summary["vocab_size"] == 30522
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["hidden_size"] == 384 and cfg["num_hidden_layers"] == 6
+    # a published checkpoint continued: fine-tuned at the task's lr, not a scratch run's
+    assert json.loads((out / "bertkit.json").read_text())["pretrained_from"] == str(minilm_folder)
+
+
+def test_task_adaptive_pretraining_continues_a_scratch_run_on_a_task_files_texts(tmp_path, wiki_excerpt, vocab):
+    """`pretrain --model RUN --corpus train.jsonl`: the rows' texts, labels left out; the run it
+    continued started from random weights, and so (for finetune's default lr) did this one."""
+    from bertkit.tasks import default_lr
+    first = tmp_path / "scratch"
+    pretrain(_cfg(wiki_excerpt, first, vocab=str(vocab), steps=2, save_every=0, eval_every=2))
+    assert json.loads((first / "bertkit.json").read_text())["pretrained_from"] == "tiny"
+    rows = tmp_path / "train.jsonl"
+    reviews = [line for line in wiki_excerpt.read_text().splitlines() if len(line.split()) > 4][:60]
+    rows.write_text("".join(json.dumps({"text": t, "label": i % 2}) + "\n" for i, t in enumerate(reviews)))
+    out = tmp_path / "adapted"
+    summary = pretrain(_cfg(rows, out, model=str(first), steps=2, save_every=0, eval_every=2, sentence_per_line=False,
+                            vocab_size=8192))
+    assert summary["steps"] == 2 and summary["final_eval"]["eval_pairs"] > 0  # every 6th review held out
+    info = json.loads((out / "bertkit.json").read_text())
+    assert info["pretrained_from"] == "tiny" and info["corpus"] == str(rows)
+    assert default_lr("classify", out) == pytest.approx(1e-3)  # tiny: hidden 128
 
 
 def test_bad_input_is_refused_and_nothing_is_lost(tmp_path, wiki_excerpt, capsys, monkeypatch):

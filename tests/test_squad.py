@@ -70,6 +70,8 @@ def test_reads_v2_unanswerable(tmp_path):
      "The cat sat on the mat.", ["q12", "is_impossible"]),
     ([{"id": "q1", "question": "Who?", "answers": [{"text": "cat", "answer_start": 4}]}] * 2,
      "The cat sat on the mat.", ["q1", "twice"]),
+    ([{"id": "q13", "question": " ", "answers": [{"text": "cat", "answer_start": 4}]}], "The cat sat on the mat.",
+     ["question q13", "the question is empty"]),  # was trained on
 ])
 def test_read_errors_name_file_question_and_problem(tmp_path, qas, context, expect):
     path = write(tmp_path, squad(qas, context))

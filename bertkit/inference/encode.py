@@ -62,11 +62,17 @@ def folder_normalize(folder: str | Path) -> bool:
 def folder_max_len(folder: str | Path) -> int | None:
     """The max_seq_length of a sentence-transformers folder (sentence_bert_config.json): the
     tokens it reads per text, fewer than the model's positions (MiniLM: 256 of 512)."""
+    path = Path(folder) / "sentence_bert_config.json"
     try:
-        value = json.loads((Path(folder) / "sentence_bert_config.json").read_text(encoding="utf-8"))["max_seq_length"]
+        value = json.loads(path.read_text(encoding="utf-8"))["max_seq_length"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 3:  # was ignored: 512 tokens read unsaid
+        raise BertkitError(f"{path}: max_seq_length must be an integer of at least 3 ([CLS], a token, [SEP]), "
+                           f"got {json.dumps(value)}")
+    return value
 
 
 def _pooling_config(folder: Path) -> dict | None:

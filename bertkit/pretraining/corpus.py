@@ -296,6 +296,17 @@ def _is_joined(source: str | Path) -> bool:
     return "+" in str(source) and not Path(source).exists()
 
 
+def check_corpus_name(source: str | Path) -> None:
+    """An empty --corpus (an unset $CORPUS) or an empty part of A+B is refused: as a path it is the
+    current folder, and every .txt file under it (twice, for "+") would be trained on."""
+    parts = str(source).split("+") if _is_joined(source) else [str(source)]
+    if not str(source).strip():
+        raise BertkitError("--corpus is empty; give a .txt file, a folder of them, a task file, wiki, "
+                           "python-docs or linux-docs")
+    if any(not part.strip() for part in parts):
+        raise BertkitError(f"--corpus {str(source)!r}: a source joined by '+' is empty; write A+B with both named")
+
+
 def check_sentence_per_line(source: str | Path) -> None:
     """--sentence-per-line reads the user's text files: refused, not ignored, for a corpus that is
     built in only (those are always split by bertkit)."""

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..checkpoint import load_config, load_model, save_model
+from ..checkpoint import load_config, load_model, pretraining_origin, save_model
 from ..config import PRESETS, BertConfig
 from ..errors import BertkitError
 from ..model import BertForPreTraining, init_weights, set_dropout
@@ -33,10 +33,10 @@ from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
 from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
 from ..training.distributed import TRAINING_PRECISIONS, Processes, init_processes, training_precision
-from ..training.log import MetricsLog, plot_losses, write_json
-from ..training.step import Guard, StopSignals, clipped_step, lr_factor, parse_duration, set_lr
+from ..training.log import MetricsLog, plot_losses, progress_bar, write_json
+from ..training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
 from .batches import Position, PretrainingBatches
-from .corpus import check_sentence_per_line
+from .corpus import check_corpus_name, check_sentence_per_line
 from .masking import MaskingConfig
 from .shards import TokenStore, tokenize_corpus
 
@@ -118,6 +118,8 @@ class PretrainConfig:
             raw = tomllib.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise BertkitError(f"{path}: no such file") from None
+        except OSError as e:  # a folder, unreadable
+            raise BertkitError(f"{path}: cannot read the file ({e.strerror or e})") from None
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
             raise BertkitError(f"{path}: not valid TOML ({e})") from None
         raw = raw.get("pretrain", raw)
@@ -141,10 +143,12 @@ class PretrainConfig:
 
     def __post_init__(self):
         self._check_types()
+        check_seed(self.seed)
         if self.recipe not in RECIPES:
             raise BertkitError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.model not in PRESETS and not Path(self.model).is_dir():
             raise BertkitError(f"model {self.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
+        check_corpus_name(self.corpus)
         if self.sentence_per_line:
             check_sentence_per_line(self.corpus)
         recipe = RECIPES[self.recipe]
@@ -161,14 +165,17 @@ class PretrainConfig:
             self.short_share = recipe["short_share"] if self.short_len else 0.0
         if self.lr is None:
             self.lr = recipe["lr"] if self.model in PRESETS else 5e-5
+        if not 0 < self.mask_prob < 1:  # before max_predictions, which it sizes (0: "--max-predictions ... got 0")
+            raise BertkitError(f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
         if self.max_predictions is None:
             self.max_predictions = math.ceil(self.max_len * self.mask_prob)
         for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "eval_every", "vocab_size",
                      "max_predictions", "eval_pairs", "keep_checkpoints", "shard_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
-        if self.holdout_every < 0:  # Python's modulo made -4 hold out every 4th document
-            raise BertkitError(f"--holdout-every must be at least 0 (0: none held out), got {self.holdout_every}")
+        if self.holdout_every < 0 or self.holdout_every == 1:  # Python's modulo made -4 hold out every 4th document
+            raise BertkitError(f"--holdout-every must be 0 (none held out) or at least 2 (1 holds out every document, "
+                               f"leaving none to train on), got {self.holdout_every}")
         if self.save_every < 0:
             raise BertkitError(f"--save-every must be at least 0 (0: only at the end), got {self.save_every}")
         if not (math.isfinite(self.lr) and self.lr > 0):
@@ -187,8 +194,6 @@ class PretrainConfig:
                                f"got {self.clip}")
         if self.batch_size % self.grad_accum:
             raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
-        if not 0 < self.mask_prob < 1:
-            raise BertkitError(f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
         if self.precision not in TRAINING_PRECISIONS:
             raise BertkitError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.max_len < 5:
@@ -207,9 +212,8 @@ class PretrainConfig:
             if value is None:
                 continue
             allowed = tuple(t for name, ts in kinds.items() if name in str(f.type) for t in ts)
-            if isinstance(value, bool) and bool not in allowed:
-                allowed = ()
-            if allowed and not isinstance(value, allowed):
+            # a TOML `steps = true` is no count (Python's bool is an int: it ran 1 step)
+            if (isinstance(value, bool) and bool not in allowed) or (allowed and not isinstance(value, allowed)):
                 raise BertkitError(f"option {f.name} ({_flag(f.name)}): expected {f.type.replace(' | None', '')}, got {value!r}")
 
 
@@ -715,10 +719,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     # a budget's bar counts seconds, never past its total: the last step, evaluation and save may
     # end after the budget (a slow step, a busy machine), and tqdm formats a count past its total
     # without one, which the bar format below cannot print (a traceback at the end, the model unsaved)
-    bar = tqdm(total=total, initial=min(round(elapsed0), total) if cfg.budget else step,
-               unit="s" if cfg.budget else "step",
-               disable=not (cfg.progress and main), dynamic_ncols=True,
-               bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
+    bar = progress_bar(cfg.progress and main, total=total, initial=min(round(elapsed0), total) if cfg.budget else step,
+                       unit="s" if cfg.budget else "step", dynamic_ncols=True,
+                       bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
     # where the budget's schedule ends, and the times it leaves room for: a resumed run goes on
     # with them (from the full budget again, its lr rose until the first evaluation and save);
     # a resumption with another budget, or with steps, starts them afresh
@@ -855,7 +858,11 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     if not main:
         return None
 
-    info = {"task": "pretraining", "corpus": cfg.corpus, "steps": step, "max_len": cfg.max_len}
+    # pretrained_from: the preset whose random weights the run (or the run it continued) started
+    # from, else the folder it started from; finetune's default lr reads it
+    origin = cfg.model if cfg.model in PRESETS else pretraining_origin(cfg.model) or str(cfg.model)
+    info = {"task": "pretraining", "corpus": cfg.corpus, "steps": step, "max_len": cfg.max_len,
+            "pretrained_from": origin}
     save_model(model, out, tokenizer=tok, bertkit_info=info)
     records = metrics.records()
     if last_eval is None:  # resumed from the final checkpoint: its evaluation, not none

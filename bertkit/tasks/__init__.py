@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import importlib
+import json
+from pathlib import Path
 
 from ..errors import BertkitError
 
@@ -39,6 +41,30 @@ DEFAULTS = {
     "summarize": dict(epochs=3, batch_size=4, lr=1e-4, max_len=512, options={}),  # lr: the study (ROUGE-2)
     "word": dict(epochs=3, batch_size=32, lr=1e-4, max_len=32, options={}),
 }
+
+
+# The learning rate of a model that bertkit pretrained from random weights (checkpoint.
+# pretraining_origin), at hidden size 128 (tiny). Such a model has had minutes or hours
+# of pretraining, not a published checkpoint's days: it has little to forget and learns its task
+# at 20x the rate that suits MiniLM (benchmarks/pretrain_value.py's grid on rotten-tomatoes,
+# 3 seeds: 1e-3 best, 3e-4 1.3 points below, 5e-5 about 15 points below, 3e-3 diverged). Wider
+# models take it scaled by 128 / hidden size, as Adam's best rate falls with width (muP).
+SCRATCH_LR_AT_128 = 1e-3
+
+
+def default_lr(task: str, folder: str | Path) -> float:
+    """`finetune`'s learning rate when --lr is not given: the task's (chosen on MiniLM, as for any
+    published checkpoint), or for a model bertkit pretrained from scratch SCRATCH_LR_AT_128 x 128 /
+    its hidden size."""
+    from ..checkpoint import pretraining_origin
+    if pretraining_origin(folder) is not None:
+        try:
+            hidden = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))["hidden_size"]
+        except (OSError, ValueError, KeyError, TypeError):
+            hidden = None  # finetune names what is wrong with config.json when it loads the model
+        if isinstance(hidden, int) and not isinstance(hidden, bool) and hidden > 0:
+            return SCRATCH_LR_AT_128 * 128 / hidden
+    return DEFAULTS.get(task, DEFAULTS["classify"])["lr"]
 
 
 def get_task(name: str):

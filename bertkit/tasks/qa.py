@@ -6,6 +6,8 @@ exact characters of the context (squad.py holds the reading, windows, span searc
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -44,10 +46,16 @@ class QATask(Task):
     def read_inputs(self, path=None, texts=None):
         if path is None:
             raise BertkitError("qa predictions need --input FILE.jsonl with 'question' and 'context' per line")
+        if Path(path).suffix.lower() != ".jsonl":  # a SQuAD .json or a .txt was read as JSON lines
+            raise BertkitError(f"{path}: qa predictions read a .jsonl file (an object with 'question' and 'context' "
+                               "per line); to score a SQuAD .json file use `bertkit evaluate qa`")
         rows = []
         for lineno, row in jsonl_rows(path):
             if not all(isinstance(row.get(k), str) for k in ("question", "context")):
                 raise BertkitError(f"{path}, line {lineno}: expected an object with string fields 'question' and 'context'")
+            empty = next((k for k in ("question", "context") if not row[k].strip()), None)
+            if empty:
+                raise BertkitError(f"{path}, line {lineno}: the {empty} is empty")
             rows.append(QAExample(str(row.get("id", lineno)), row["question"], row["context"], [], False, ""))
         return rows
 

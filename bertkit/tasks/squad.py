@@ -69,6 +69,8 @@ def read_squad(path: str | Path) -> list[QAExample]:
                 seen.add(qid)
                 at = f"question {qid}"
                 question = get(qa, "question", at, str)
+                if not question.strip():  # trained on, it taught nothing; predicted, it asked nothing
+                    raise BertkitError(f"{path}: {at}: the question is empty")
                 impossible = get(qa, "is_impossible", at, bool, default=False)
                 answers = get(qa, "answers", at, list, default=[] if impossible else ...)
                 if impossible and answers:

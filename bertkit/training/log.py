@@ -1,9 +1,51 @@
 """What a training run leaves behind: OUT/metrics.jsonl, OUT/summary.json, OUT/loss.png, and
-TensorBoard events on request. Shared by pretraining and fine-tuning."""
+TensorBoard events on request; and the progress bar it shows. Shared by pretraining and fine-tuning."""
 from __future__ import annotations
 
 import json
+import sys
+import time
 from pathlib import Path
+
+from tqdm import tqdm
+
+# where stderr is a file or a pipe, the bar is a line this often (and its last state at the end)
+LOG_EVERY_S = 30.0
+
+
+class _Lines:
+    """tqdm's stream where stderr is not a terminal: a bar redrawn in place (carriage returns)
+    would pile up in a log, a thousand redraws for a ten-minute run. Each redraw becomes at most
+    one whole line per `every` seconds, and the last one is written when the bar closes."""
+
+    def __init__(self, stream, every: float = LOG_EVERY_S, clock=time.monotonic):
+        self.stream, self.every, self.clock = stream, every, clock
+        self.last, self.pending = None, None
+
+    def write(self, s: str) -> None:
+        line = s.replace("\r", "").strip()
+        if not line:  # tqdm ends a closed bar with a newline: its last state, if not written yet
+            if self.pending:
+                self.stream.write(self.pending + "\n")
+                self.pending = None
+            return
+        now = self.clock()
+        if self.last is None or now - self.last >= self.every:
+            self.stream.write(line + "\n")
+            self.last, self.pending = now, None
+        else:
+            self.pending = line
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def progress_bar(enabled: bool, **kwargs) -> tqdm:
+    """tqdm on stderr: live in a terminal, else a line every LOG_EVERY_S seconds (_Lines)."""
+    stream = sys.stderr
+    if enabled and not stream.isatty():
+        kwargs = {**kwargs, "file": _Lines(stream), "dynamic_ncols": False, "ncols": 100}
+    return tqdm(disable=not enabled, **kwargs)
 
 
 class MetricsLog:

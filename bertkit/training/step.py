@@ -28,6 +28,15 @@ def parse_duration(value) -> float:
     return seconds
 
 
+MAX_SEED = 2**32 - 1  # the runs derive seeds from it (seed x 1000 + epoch ...), all within torch's 64 bits
+
+
+def check_seed(seed) -> int:
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise BertkitError(f"--seed must be an integer from 0 to {MAX_SEED} (2^32 - 1), got {seed!r}")
+    return seed
+
+
 def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
     """Share of the peak learning rate for the step that starts after `done` of `total` (steps
     or seconds): linear warm-up over the first `warmup` share, then linear decay to 0 at the end.

