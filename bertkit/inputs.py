@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import stat
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -24,6 +26,9 @@ def open_binary(path: str | Path):
     """The file opened for reading bytes; a missing, unreadable or folder path is one line naming it."""
     path = Path(path)
     try:
+        if stat.S_ISFIFO(path.stat().st_mode):  # opening one blocks until a writer comes: said, not silent
+            print(f"bertkit: {path} is a named pipe (FIFO): reading it once a writer opens it", file=sys.stderr,
+                  flush=True)
         return path.open("rb")
     except FileNotFoundError:
         raise BertkitError(f"{path}: no such file") from None

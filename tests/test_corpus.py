@@ -373,3 +373,26 @@ def test_a_task_file_is_read_as_its_rows_texts_without_labels(tmp_path):
         load_documents(write(tmp_path / "q.jsonl", '{"text": "ok."}\n{"question": "why?"}\n'))
     with pytest.raises(BertkitError, match=r"line 1: a text must be a string, found 3"):
         load_documents(write(tmp_path / "n.jsonl", '{"text": 3}\n{"text": "ok."}\n'))
+
+
+def test_a_named_pipe_is_read_once_as_it_comes_and_the_wait_is_said(tmp_path, capfd):
+    """A FIFO as --corpus: the head's UTF-16 check sought back (io.UnsupportedOperation), and with no
+    writer yet the run waited without a word."""
+    import os
+    import threading
+    import time
+
+    from bertkit.pretraining.corpus import documents_up_to_two
+    fifo = tmp_path / "corpus.txt"
+    os.mkfifo(fifo)
+    assert documents_up_to_two(fifo) is None  # not opened to count: the run reads it once
+
+    def writer():
+        time.sleep(0.3)  # the reader opens first and waits
+        with open(fifo, "w") as f:
+            f.write("First one. First two.\n\nSecond one.\n")
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert list(iter_documents(fifo)) == [["First one.", "First two."], ["Second one."]]
+    thread.join()
+    assert "corpus.txt is a named pipe (FIFO): reading it once a writer opens it" in capfd.readouterr().err

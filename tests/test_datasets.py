@@ -272,7 +272,17 @@ def test_read_classify_missing_file_and_bad_bytes(tmp_path):
 def test_read_conll(tmp_path):
     path = write(tmp_path, "a.conll", "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n"
                                       "\t\n  \nPeter\tB-PER\nBlackburn   I-PER\n")
-    assert readers.read_conll(path) == [(["EU", "rejects"], ["B-ORG", "O"]), (["Peter", "Blackburn"], ["B-PER", "I-PER"])]
+    with pytest.warns(UserWarning, match=r"a\.conll: line 3 has 4 columns; the first is read as the token and the last"):
+        assert readers.read_conll(path) == [(["EU", "rejects"], ["B-ORG", "O"]),
+                                            (["Peter", "Blackburn"], ["B-PER", "I-PER"])]
+
+
+def test_a_classify_file_is_no_conll_file(tmp_path):
+    """`finetune ner --train train.jsonl` read the classify rows as one sentence (`"rotten"}` a tag)."""
+    for name in ("train.jsonl", "train.csv", "squad.json"):
+        path = write(tmp_path, name, '{"text": "a fine film", "label": "fresh"}\n')
+        with pytest.raises(BertkitError, match=rf"{name}: a [A-Z]+ file is not CoNLL; ner and tag read CoNLL"):
+            readers.read_conll(path)
 
 
 @pytest.mark.parametrize("content, message", [

@@ -669,3 +669,17 @@ def test_predict_refuses_what_a_classifier_or_qa_model_would_cut_off(classifier,
         assert r.status_code == 413 and r.json()["error"] == (
             "inputs.question[0]: 35 tokens, over the limit of 34 tokens per text (the max_query_len of the qa "
             "model, 32, and [CLS] [SEP])"), r.text
+
+
+def test_a_port_in_use_or_an_unknown_host_is_one_line_naming_the_flag(tiny_bert, capsys):
+    """uvicorn's own line and exit 3 before; now the flag, exit 2, before the model loads."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        assert main(["serve", "--model", str(tiny_bert), "--port", str(port)]) == 2
+        assert f"--port {port}: already in use on 127.0.0.1" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tiny_bert), "--host", "no-such-host.invalid", "--port", "8000"]) == 2
+    assert "--host 'no-such-host.invalid': not a host name or address this machine knows" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tiny_bert), "--host", "192.0.2.1", "--port", "8000"]) == 2  # TEST-NET-1
+    assert "--host '192.0.2.1': not an address of this machine" in capsys.readouterr().err

@@ -8,6 +8,7 @@ import io
 import json
 import re
 import unicodedata
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from functools import lru_cache
@@ -128,7 +129,11 @@ def read_conll(path: str | Path, lines: bool = False) -> list[tuple[list[str], l
     `-DOCSTART-` lines are document markers, not tokens. lines=True: (tokens, tags, line
     numbers), each token's line in the file, for errors that name it."""
     path = Path(path)
+    if path.suffix.lower() in (".jsonl", ".json", ".csv"):  # classify rows were read as one sentence of "tokens"
+        raise BertkitError(f"{path}: a {path.suffix[1:].upper()} file is not CoNLL; ner and tag read CoNLL files: "
+                           "one `token tag` per line, a blank line between sentences")
     sentences, tokens, tags, numbers = [], [], [], []
+    wide = None  # the first line with more than two columns: its last is the tag, as the user is told
     for lineno, line in enumerate(read_lines(path) + [""], 1):
         line = line.rstrip()
         # a tab-separated line keeps each column whole: "New York<TAB>B-LOC" is one token (split at
@@ -146,11 +151,16 @@ def read_conll(path: str | Path, lines: bool = False) -> list[tuple[list[str], l
                                "(the tag is missing)")
         if not fields[0] or not fields[-1]:
             raise BertkitError(f"{path}, line {lineno}: an empty {'token' if not fields[0] else 'tag'} column")
+        if len(fields) > 2 and wide is None:
+            wide = (lineno, len(fields))
         tokens.append(fields[0])
         tags.append(fields[-1])
         numbers.append(lineno)
     if not sentences:
         raise BertkitError(f"{path}: no sentences")
+    if wide is not None:  # CoNLL-2003's token POS chunk NER is read right; a token tag POS file would not be
+        warnings.warn(f"{path}: line {wide[0]} has {wide[1]} columns; the first is read as the token and the last "
+                      "as its tag, the others are ignored", stacklevel=2)
     return sentences
 
 

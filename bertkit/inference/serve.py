@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import itertools
 import json
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -740,11 +742,39 @@ def _version() -> str:
         return "0"
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a port in use or a host that is not this
+    machine's is one line naming the flag (uvicorn logged its own line and exited 3)."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise BertkitError(f"--host {host!r}: not a host name or address this machine knows "
+                           f"({getattr(e, 'strerror', None) or e})") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a restart reuses the port
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        why = {errno.EADDRINUSE: f"--port {port}: already in use on {host} (another server listens there); "
+                                 "choose another --port",
+               errno.EADDRNOTAVAIL: f"--host {host!r}: not an address of this machine",
+               errno.EACCES: f"--port {port}: permission denied (ports below 1024 need root); choose another --port"}
+        raise BertkitError(why.get(e.errno, f"--host {host} --port {port}: cannot listen there ({e.strerror})")) from None
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
     cfg.check()
-    app = create_app(cfg)
-    print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
-          f"(API docs: /docs, /openapi.json)", flush=True)
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    sock = _listen(cfg.host, cfg.port)
+    try:
+        app = create_app(cfg)
+        print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
+              f"(API docs: /docs, /openapi.json)", flush=True)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+    finally:
+        sock.close()

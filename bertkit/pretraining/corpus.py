@@ -15,6 +15,7 @@ import importlib.util
 import itertools
 import json
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 from pathlib import Path
@@ -123,8 +124,9 @@ def _file_lines(path: Path) -> Iterator[str]:
     """The lines of a text file as _read(path).splitlines() gives them, and the same errors, but
     read a line at a time: a corpus file may be larger than memory."""
     with open_binary(path) as f:
-        check_not_utf16(path, f.read(2000))  # a byte-order mark or UTF-16 without one: named from the head
-        f.seek(0)
+        # a byte-order mark or UTF-16 without one: named from the head, read without consuming it (a
+        # named pipe cannot seek back)
+        check_not_utf16(path, f.peek(2000)[:2000])
         offset, lineno = 0, 1
         for raw in f:  # split at b"\n" only: no byte of a multi-byte UTF-8 character is 0x0a
             nul = raw.find(b"\0")
@@ -214,7 +216,10 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
                 _doc_files(part)
         return None
     found = 0
-    for f in _corpus_files(Path(source)):
+    files = _corpus_files(Path(source))
+    if any(stat.S_ISFIFO(f.stat().st_mode) for f in files):  # a named pipe is read once: by the run itself
+        return None
+    for f in files:
         if is_task_file(f):
             found += sum(1 for _ in itertools.islice(task_file_texts(f), 2 - found))
             if found >= 2:
