@@ -334,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--short-len", type=int, help="tokens per pair in a first phase, with as many tokens per batch "
                                                   "(recipe: 32; 0: one phase at --max-len)")
     pt.add_argument("--short-share", type=float, help="share of the run in that first phase (recipe: 0.35)")
-    pt.add_argument("--lr", type=float, help="peak learning rate (recipe's from scratch, 5e-5 from a folder)")
+    pt.add_argument("--lr", type=float, help="peak learning rate (the recipe's from scratch or from a bertkit run that began there, "
+                                                 "5e-5 from another folder)")
     pt.add_argument("--warmup", type=float, help="share of the run for warm-up")
     pt.add_argument("--dropout", type=float, help="dropout while pretraining (recipe: 0, textbook 0.1)")
     pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")

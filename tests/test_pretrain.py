@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from bertkit import BertkitError
 from bertkit.cli import main
-from bertkit.pretraining.train import PretrainConfig, pretrain
+from bertkit.pretraining.train import RECIPES, PretrainConfig, pretrain
 
 
 def _cfg(corpus, out, **kw):
@@ -108,7 +108,7 @@ def test_continue_pretraining_from_a_hf_folder(tmp_path, wiki_excerpt, minilm_fo
     out = tmp_path / "cont"
     summary = pretrain(_cfg(wiki_excerpt, out, model=str(minilm_folder), steps=2, save_every=0, eval_every=2))
     assert "no MLM head and no NSP head" in capfd.readouterr().err
-    assert summary["vocab_size"] == 30522
+    assert summary["vocab_size"] == 30522 and summary["config"]["lr"] == 5e-5  # a published checkpoint: gently
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["hidden_size"] == 384 and cfg["num_hidden_layers"] == 6
     # a published checkpoint continued: fine-tuned at the task's lr, not a scratch run's
@@ -129,6 +129,7 @@ def test_task_adaptive_pretraining_continues_a_scratch_run_on_a_task_files_texts
     summary = pretrain(_cfg(rows, out, model=str(first), steps=2, save_every=0, eval_every=2, sentence_per_line=False,
                             vocab_size=8192))
     assert summary["steps"] == 2 and summary["final_eval"]["eval_pairs"] > 0  # every 6th review held out
+    assert summary["config"]["lr"] == RECIPES["fast"]["lr"]  # the scratch run's recipe rate, not a checkpoint's 5e-5
     info = json.loads((out / "bertkit.json").read_text())
     assert info["pretrained_from"] == "tiny" and info["corpus"] == str(rows)
     assert default_lr("classify", out) == pytest.approx(1e-3)  # tiny: hidden 128

@@ -74,7 +74,7 @@ class PretrainConfig:
     # short pairs learn to use context sooner (the recipe study); 0: one phase at max_len
     short_len: int | None = None     # tokens per pair in the first phase, with as many tokens per batch
     short_share: float | None = None  # share of the run (budget or steps) in the first phase
-    lr: float | None = None          # peak; the recipe's from scratch, 5e-5 from a pretrained folder
+    lr: float | None = None          # peak; the recipe's from scratch (and from a run that began there), else 5e-5
     warmup: float | None = None      # share of the run spent warming up, then linear decay to 0
     weight_decay: float = 0.01       # not on biases and LayerNorm, as in BERT
     clip: float = 1.0                # gradient norm clipping
@@ -163,8 +163,9 @@ class PretrainConfig:
             self.short_len = recipe["short_len"] if recipe["short_len"] < self.max_len else 0
         if self.short_share is None:
             self.short_share = recipe["short_share"] if self.short_len else 0.0
-        if self.lr is None:
-            self.lr = recipe["lr"] if self.model in PRESETS else 5e-5
+        if self.lr is None:  # a published checkpoint is continued gently; a run bertkit began from random weights,
+            # with minutes of training behind it, at its recipe's rate
+            self.lr = recipe["lr"] if self.model in PRESETS or pretraining_origin(self.model) else 5e-5
         if not 0 < self.mask_prob < 1:  # before max_predictions, which it sizes (0: "--max-predictions ... got 0")
             raise BertkitError(f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
         if self.max_predictions is None:
