@@ -183,37 +183,99 @@ def collect(results: dict, model: str, dataset: str, setting: str, split: str) -
             if k.startswith(f"finetune|{model}|{dataset}|{setting}|")]
 
 
-def report() -> None:
-    results = load()
-    models = sorted({k.split("|")[1] for k in results if k.startswith("finetune|")})
+def _setting_order(setting: str):
+    """The grid's rows by learning rate, then the other settings, the defaults last."""
+    lr = setting.split(",")[0].removeprefix("lr ")
+    try:
+        return (setting == "defaults", float(lr), setting)
+    except ValueError:
+        return (setting == "defaults", float("inf"), setting)
+
+
+# what a model name says (runs/pretrain-value/NAME), for the tables
+DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki + rotten-tomatoes train texts",
+            "tapt3m": "then 3 min on rotten-tomatoes train texts"}
+
+
+def _describe(model: str, results: dict) -> str:
+    if model in DESCRIBE:
+        return DESCRIBE[model]
+    preset, minutes, *extra = model.split("-") + [""]
+    pre = results.get(f"pretrain|{model}", {})
+    what = "random weights (`--steps 1`)" if minutes == "0m" else f"{minutes[:-1]} min on wiki"
+    if extra and extra[0]:
+        what = f"{minutes[:-1]} min on {DESCRIBE.get(extra[0], extra[0])}" if extra[0] == "rt" else \
+            f"{minutes[:-1]} min on wiki, {DESCRIBE.get(extra[0], extra[0])}"
+    steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
+    return f"{preset}, {what}{steps}"
+
+
+def tables(results: dict) -> dict[str, str]:
+    """Markdown: "value" (each model fine-tuned with the defaults, beside the baselines) and
+    "grid" (each model's settings), per data set."""
+    models = sorted({k.split("|")[1] for k in results if k.startswith("finetune|")},
+                    key=lambda m: (m == "minilm", m.split("-")[0], int(m.split("-")[1][:-1]) if "-" in m else 0, m))
     cpus = sorted({e["cpu"] for e in results.values()})
-    print("CPUs: " + "; ".join(cpus))
+    value, grid = [], []
     for dataset in DATASETS:
-        base = results.get(f"logreg|{dataset}")
-        print(f"\n{dataset}: test accuracy, median (min-max) over seeds; fine-tuned with the defaults")
-        print("| model | pretraining | seeds | dev | test |")
-        print("|---|---|---|---|---|")
+        rows = []
         for model in models:
             test = collect(results, model, dataset, "defaults", "test")
             if test:
-                pre = results.get(f"pretrain|{model}", {})
-                steps = f"{pre['steps']:,} steps" if pre.get("steps") else "-"
-                print(f"| {model} | {steps} | {len(test)} | {_stats(collect(results, model, dataset, 'defaults', 'dev'))} "
-                      f"| {_stats(test)} |")
-        if base:
-            print(f"| word-count logistic regression | - | - | {base['dev']:.3f} | {base['test']:.3f} |")
+                rows.append(f"| {_describe(model, results)} | {len(test)} | "
+                            f"{_stats(collect(results, model, dataset, 'defaults', 'dev'))} | {_stats(test)} |")
+        if base := results.get(f"logreg|{dataset}"):
+            rows.append(f"| word-count logistic regression (scikit-learn) | - | {base['dev']:.3f} | {base['test']:.3f} |")
+        if rows:
+            value += [f"**{dataset}**, fine-tuned with `bertkit finetune classify`'s defaults; accuracy, median "
+                      "(min-max) over seeds:", "", "| model | seeds | dev | test |", "|---|---|---|---|", *rows, ""]
         for model in models:
-            settings = sorted({k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{dataset}|")})
+            settings = sorted({k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{dataset}|")},
+                              key=_setting_order)
             if settings == ["defaults"] or not settings:
                 continue
-            print(f"\n{dataset}, {model}: each fine-tuning setting, mean over seeds")
-            print("| setting | seeds | dev | test | test min-max |")
-            print("|---|---|---|---|---|")
+            grid += [f"**{dataset}, {_describe(model, results)}**:", "",
+                     "| setting | seeds | dev, mean | test, mean | test min-max |", "|---|---|---|---|---|"]
             for setting in settings:
                 dev, test = (collect(results, model, dataset, setting, s) for s in ("dev", "test"))
-                print(f"| {setting} | {len(dev)} | {statistics.mean(dev):.3f} | {statistics.mean(test):.3f} "
-                      f"| {min(test):.3f}-{max(test):.3f} |")
-    plot(results, models)
+                lr = results[f"finetune|{model}|{dataset}|{setting}|{next(iter(sorted(_seeds(results, model, dataset, setting))))}"]["lr"]
+                name = f"defaults (lr {lr:g})" if setting == "defaults" else setting
+                grid.append(f"| {name} | {len(dev)} | {statistics.mean(dev):.3f} | {statistics.mean(test):.3f} "
+                            f"| {min(test):.3f}-{max(test):.3f} |")
+            grid.append("")
+    machine = f"Measured on: {'; '.join(cpus)}."
+    return {"value": "\n".join(value + [machine]), "grid": "\n".join(grid + [machine])}
+
+
+def _seeds(results: dict, model: str, dataset: str, setting: str) -> list[int]:
+    return [int(k.split("|")[4]) for k in results if k.startswith(f"finetune|{model}|{dataset}|{setting}|")]
+
+
+# where `report --write` puts the tables: between <!-- pretrain-value:NAME --> and <!-- /pretrain-value:NAME -->
+WRITE_TO = {"value": [ROOT / "README.md", ROOT / "docs" / "benchmarks.md"],
+            "grid": [ROOT / "docs" / "finetuning.md", ROOT / "docs" / "benchmarks.md"]}
+
+
+def write_tables(parts: dict[str, str]) -> None:
+    for name, files in WRITE_TO.items():
+        begin, end = f"<!-- pretrain-value:{name} -->", f"<!-- /pretrain-value:{name} -->"
+        for path in files:
+            text = path.read_text()
+            if begin not in text or end not in text:
+                print(f"{path}: no {begin} ... {end} markers; not written")
+                continue
+            head, rest = text.split(begin, 1)
+            path.write_text(f"{head}{begin}\n{parts[name]}\n{end}{rest.split(end, 1)[1]}")
+            print(f"wrote the {name} table into {path}")
+
+
+def report(write: bool = False) -> None:
+    results = load()
+    parts = tables(results)
+    print(parts["value"] + "\n\n" + parts["grid"])
+    if write:
+        write_tables(parts)
+    plot(results, sorted({k.split("|")[1] for k in results if k.startswith("finetune|")}))
 
 
 def plot(results: dict, models: list[str]) -> None:
@@ -263,6 +325,7 @@ def main():
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--lrs", nargs="+", type=float, default=GRID)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--write", action="store_true", help="report: write the tables into README.md and docs/")
     p.add_argument("--name", help="the pretrain part's run name (default PRESET-Nm), for a variant")
     p.add_argument("--pretrain-args", nargs=argparse.REMAINDER, default=[],
                    help="more `bertkit pretrain` flags for the pretrain part (give the variant a --name)")
@@ -283,7 +346,7 @@ def main():
         run_finetunes(models, a.data, a.seeds, {f"lr {lr:g}": {"lr": lr} for lr in a.lrs})
     elif a.part == "variants":
         run_finetunes(models, a.data, a.seeds, {name: VARIANTS[name] for name in a.variants})
-    report()
+    report(a.write)
 
 
 if __name__ == "__main__":

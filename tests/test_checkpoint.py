@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from bertkit import BertForPreTraining, BertkitError, BertModel, load_model, save_model
 from bertkit.checkpoint import name_map
 from bertkit.model import init_weights
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 
 def _hf_config(cfg):
@@ -315,7 +315,7 @@ def test_a_model_saved_over_a_sentence_transformers_folder_leaves_none_of_its_pi
     import shutil
 
     from bertkit.inference.encode import Encoder, folder_pooling
-    from conftest import save_tiny_bert
+    from helpers import save_tiny_bert
     out = tmp_path / "out"
     shutil.copytree(minilm_folder, out)
     assert folder_pooling(out) == "mean"

@@ -16,7 +16,7 @@ from bertkit import BertForPreTraining, BertModel, save_model
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 LIMIT = 64  # the tiny model's position limit
 

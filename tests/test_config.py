@@ -63,10 +63,20 @@ def test_nonsense_values_are_refused(field, value):
         BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, **{field: value})
 
 
-def test_sensible_edge_values_are_accepted():
-    cfg = BertConfig(vocab_size=99, hidden_dropout_prob=0, attention_probs_dropout_prob=0.0, initializer_range=0,
-                     layer_norm_eps=1, pad_token_id=98)
-    assert cfg.pad_token_id == 98
+def test_sensible_edge_values_are_accepted_and_compute():
+    import torch
+
+    from bertkit import BertModel
+    from bertkit.model import init_weights
+    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=37,
+                     hidden_dropout_prob=0, attention_probs_dropout_prob=0.0, initializer_range=0, layer_norm_eps=1,
+                     pad_token_id=98)
+    assert (cfg.hidden_dropout_prob, cfg.initializer_range, cfg.layer_norm_eps, cfg.pad_token_id) == (0, 0, 1, 98)
+    model = BertModel(cfg)
+    init_weights(model, cfg)  # every weight 0: the outputs are LayerNorm's bias, finite
+    out = model(torch.tensor([[2, 5, 98]]), attention_mask=torch.tensor([[1, 1, 0]]))
+    assert torch.isfinite(out.sequence_output).all() and torch.isfinite(out.pooled_output).all()
+    torch.testing.assert_close(out.sequence_output, torch.zeros(1, 3, 32))
 
 
 def test_bad_value_in_config_json_is_named(tmp_path, minilm_folder):

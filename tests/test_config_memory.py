@@ -10,7 +10,7 @@ import bertkit.config
 from bertkit import BertConfig, BertForPreTraining, BertModel
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 
 def _numel(module) -> int:

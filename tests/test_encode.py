@@ -7,7 +7,7 @@ import torch
 from bertkit import BertkitError, Encoder
 from bertkit.cli import main
 from bertkit.inference.encode import cosine, folder_pooling
-from conftest import SENTENCES
+from helpers import SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -219,7 +219,7 @@ def test_predict_runs_in_fp32_by_default(minilm_folder):
     from bertkit.tasks.base import TaskModel
     from bertkit.tokenizer import WordPieceTokenizer
     from bertkit import BertModel
-    from conftest import hf_tester_config
+    from helpers import hf_tester_config
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     task = get_task("classify")()
     examples = task.read_inputs(texts=["a fine film", "dull"])

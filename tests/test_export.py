@@ -9,7 +9,7 @@ import torch
 from bertkit.inference.attention import attention_maps
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from conftest import SENTENCES, hf_tester_config, sentence_transformers_copy
+from helpers import SENTENCES, hf_tester_config, sentence_transformers_copy
 
 pytest.importorskip("onnxruntime")
 

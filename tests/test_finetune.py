@@ -9,7 +9,7 @@ from bertkit import BertModel
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
-from conftest import hf_tester_config, save_tiny_bert, sentence_transformers_copy
+from helpers import hf_tester_config, save_tiny_bert, sentence_transformers_copy
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from bertkit.finetune import MAX_SKIPPED_IN_A_ROW, FinetuneConfig, finetune
 from bertkit.model import init_weights
 from bertkit.tasks.classify import ClassifyTask
 from bertkit.tokenizer import WordPieceTokenizer
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 WORDS = ["a", "good", "great", "fine", "film", "bad", "dull", "awful", "plot"]
 ROWS = [("a good film", "pos"), ("a bad plot", "neg"), ("great fine film", "pos"), ("dull awful plot", "neg")] * 4

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertkit.cli import main
-from conftest import save_tiny_bert
+from helpers import save_tiny_bert
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -214,7 +214,7 @@ def test_task_options_are_checked_and_listed():
 # ---- a vocabulary larger than the model; fill-mask past the limit ----------------------------
 @pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory, minilm_folder):
-    from conftest import save_tiny_bert
+    from helpers import save_tiny_bert
     return save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder, max_position_embeddings=16)
 
 

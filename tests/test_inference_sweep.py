@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from bertkit import BertkitError, Encoder
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_a_sentence_transformers_step_encode_does_not_run_is_warned_of(tmp_path,
     import json
     import warnings
 
-    from conftest import sentence_transformers_copy
+    from helpers import sentence_transformers_copy
     from bertkit.inference.serve import Served
     folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
     with warnings.catch_warnings():

@@ -3,7 +3,7 @@ import torch
 
 from bertkit import PRESETS, BertConfig, BertForPreTraining, BertModel
 from bertkit.model import init_weights
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 
 def _inputs(cfg, B=13, T=7, seed=0):
@@ -539,7 +539,10 @@ def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_we
     y = lin(x.requires_grad_(), gelu=True)
     torch.testing.assert_close(y, F.gelu(F.linear(x, lin.weight, lin.bias)))
     y.sum().backward()
-    assert lin.weight.grad is not None
+    weight, bias, x_ref = (t.detach().clone().requires_grad_() for t in (lin.weight, lin.bias, x))
+    F.gelu(F.linear(x_ref, weight, bias)).sum().backward()
+    for got, want in ((lin.weight.grad, weight.grad), (lin.bias.grad, bias.grad), (x.grad, x_ref.grad)):
+        torch.testing.assert_close(got, want)
 
 
 @onednn

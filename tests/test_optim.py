@@ -5,7 +5,7 @@ import torch
 from bertkit import BertForPreTraining
 from bertkit.model import init_weights
 from bertkit.optim import adamw
-from conftest import hf_tester_config
+from helpers import hf_tester_config
 
 
 def _train(fused: bool, steps: int = 5) -> tuple[dict, torch.optim.Optimizer]:

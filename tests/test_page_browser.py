@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from bertkit.cli import main
-from conftest import save_tiny_bert
+from helpers import save_tiny_bert
 
 webdriver = pytest.importorskip("selenium.webdriver")
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")

@@ -2,7 +2,7 @@
 import torch
 
 from bertkit import WordPieceTokenizer, load_model
-from conftest import SENTENCES
+from helpers import SENTENCES
 
 
 def test_minilm_matches_hf_bert_model_on_a_padded_batch(minilm_folder):

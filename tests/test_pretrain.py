@@ -764,7 +764,7 @@ def test_held_out_nsp_is_reported_with_its_majority_label_baseline():
     the accuracy of always answering the more common label."""
     from bertkit.model import BertForPreTraining, init_weights
     from bertkit.pretraining.train import evaluate
-    from conftest import hf_tester_config
+    from helpers import hf_tester_config
     cfg = hf_tester_config()
     torch.manual_seed(0)
     model = BertForPreTraining(cfg)
@@ -788,7 +788,7 @@ def test_held_out_mlm_loss_at_mask_positions_is_reported_apart():
 
     from bertkit.model import BertForPreTraining, init_weights
     from bertkit.pretraining.train import evaluate
-    from conftest import hf_tester_config
+    from helpers import hf_tester_config
     cfg = hf_tester_config()
     torch.manual_seed(0)
     model = BertForPreTraining(cfg).eval()

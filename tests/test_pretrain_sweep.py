@@ -162,7 +162,7 @@ def test_a_model_folder_of_one_segment_type_is_refused_before_any_tokenizing(tmp
     torch at the first sentence pair (segment 1 has no embedding)."""
     from bertkit import BertkitError
     from bertkit.pretraining.train import PretrainConfig, pretrain
-    from conftest import save_tiny_bert
+    from helpers import save_tiny_bert
     folder = save_tiny_bert(tmp_path / "one_type", minilm_folder, type_vocab_size=1)
     corpus = tmp_path / "c.txt"
     corpus.write_text("The cat sat. It slept.\n\nA dog ran. It barked.\n")

@@ -17,7 +17,7 @@ import torch
 
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from conftest import SENTENCES, hf_tester_config
+from helpers import SENTENCES, hf_tester_config
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -519,7 +519,7 @@ def test_a_sentence_transformers_folder_is_served_with_its_own_steps(tmp_path, t
     import json
 
     from bertkit.inference.encode import Encoder
-    from conftest import sentence_transformers_copy
+    from helpers import sentence_transformers_copy
     folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
     modules = json.loads((folder / "modules.json").read_text())
     modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})

@@ -6,7 +6,7 @@ from bertkit import BertkitError
 from bertkit.tasks import get_task
 from bertkit.tasks.base import TaskModel
 from bertkit.tokenizer import WordPieceTokenizer
-from conftest import save_tiny_bert
+from helpers import save_tiny_bert
 
 
 def test_word_targets_that_are_chinese_characters_are_reachable(minilm_folder):

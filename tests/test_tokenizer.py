@@ -3,7 +3,7 @@ import warnings
 import pytest
 
 from bertkit import BertkitError, WordPieceTokenizer
-from conftest import SENTENCES
+from helpers import SENTENCES
 
 
 @pytest.fixture(scope="module")
