@@ -258,7 +258,7 @@ CASES = [
     ("pretrain-config-folder", "pretrain --config {tmp}/a_folder.txt --out {tmp}/new",
      "a_folder.txt: cannot read the file (Is a directory)"),
     ("finetune-ner-jsonl-train", "finetune ner --model {tiny} --train {tmp}/surrogate.jsonl --eval {tmp}/train.csv "
-     "--out {tmp}/new", "surrogate.jsonl: a JSONL file is not CoNLL; ner and tag read CoNLL files"),
+     "--out {tmp}/new --max-len 32", "surrogate.jsonl: a JSONL file is not CoNLL; ner and tag read CoNLL files"),
     ("pretrain-toml-steps-true", "pretrain --config {tmp}/steps_true.toml --out {tmp}/new",
      "steps_true.toml: option steps (--steps): expected int, got True"),
     ("pretrain-corpus-empty", "pretrain --corpus \x01 --out {tmp}/new".replace("\x01", ""), "--corpus is empty"),

@@ -235,7 +235,7 @@ def squad_files(draw):
             qas = []
             for _ in range(draw(st.integers(1, 3))):
                 n += 1
-                qid, question = f"q{n}", draw(st.text(max_size=20))
+                qid, question = f"q{n}", draw(nonblank(20))  # an empty question is refused
                 impossible = v2 and draw(st.booleans())
                 answers = []
                 if not impossible:
