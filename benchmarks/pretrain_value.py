@@ -213,8 +213,11 @@ def _describe(model: str, results: dict) -> str:
 def tables(results: dict) -> dict[str, str]:
     """Markdown: "value" (each model fine-tuned with the defaults, beside the baselines) and
     "grid" (each model's settings), per data set."""
+    from bertkit.config import PRESETS
+    order = list(PRESETS)
     models = sorted({k.split("|")[1] for k in results if k.startswith("finetune|")},
-                    key=lambda m: (m == "minilm", m.split("-")[0], int(m.split("-")[1][:-1]) if "-" in m else 0, m))
+                    key=lambda m: (m == "minilm", order.index(m.split("-")[0]) if m.split("-")[0] in order else 99,
+                                   int(m.split("-")[1][:-1]) if "-" in m else 0, m))
     cpus = sorted({e["cpu"] for e in results.values()})
     value, grid = [], []
     for dataset in DATASETS:

@@ -82,6 +82,11 @@ def cmd_encode(args) -> None:
           f"({args.pooling or encoder.default_pooling} pooling{', unit length' if normalized else ''}) to {output}")
 
 
+# held-out top-1 at [MASK] below this many times always answering the most common token: the run
+# is still on the unigram plateau (a run past it: 0.159 against 0.044)
+PLATEAU_FACTOR = 1.5
+
+
 def cmd_pretrain(args) -> None:
     from .config import PRESETS
     from .pretraining.train import PretrainConfig, pretrain
@@ -125,6 +130,12 @@ def cmd_pretrain(args) -> None:
               f"(always the most common token: {ev['eval_majority_token_acc']:.3f}); "
               f"random-token positions {ev['eval_mlm_acc_random']:.3f}, unchanged {ev['eval_mlm_acc_unchanged']:.3f}; "
               f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})")
+        if ev["eval_mlm_acc"] < PLATEAU_FACTOR * ev["eval_majority_token_acc"]:
+            # a mini run of 10 minutes on a slow CPU ended so: fine-tuned, it answered one label at every lr
+            print(f"bertkit: warning: the model has not left the unigram plateau (top-1 at [MASK] "
+                  f"{ev['eval_mlm_acc']:.3f}, no better than always the most common token): it ignores its "
+                  "input, a worse start for fine-tuning than random weights; give it a longer --budget or a "
+                  "smaller --model", file=sys.stderr)
     if not (args.no_samples or command["no_samples"]):
         from .checkpoint import load_model
         from .pretraining.probe import PROBE_MIN_RUN_S, report

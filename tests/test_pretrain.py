@@ -183,8 +183,11 @@ def test_cli_pretrain_with_a_toml_config_then_fill_mask(tmp_path, wiki_excerpt, 
                     'vocab_size = 500\nholdout_every = 6\neval_pairs = 16\nlog_every = 1\nprogress = false\n')
     out = tmp_path / "cli"
     assert main(["pretrain", "--config", str(toml), "--out", str(out), "--seed", "1"]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     assert "pretrained 2 steps" in printed and "fill-mask on held-out sentences" in printed
+    # two steps do not leave the unigram plateau: said, as a fine-tune from there learns nothing
+    assert "warning: the model has not left the unigram plateau" in captured.err
     assert json.loads((out / "pretrain_config.json").read_text())["batch_size"] == 8
     assert main(["fill-mask", "--model", str(out), "the [MASK] of france", "a [MASK] b [MASK]"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
