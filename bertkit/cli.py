@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import gc
 import json
 import sys
@@ -47,12 +48,19 @@ def _refuse_tokenless(tokenizer, texts: list, where) -> None:
         raise BertkitError(f"{where(bad[0])}: {why}; {len(bad)} such text(s)")
 
 
+def _write_error(path, e: OSError) -> str:
+    full = e.errno in (errno.ENOSPC, errno.EDQUOT) or "requested and" in str(e)  # numpy's short write has no errno
+    return (f"no space left on device while writing {path}; nothing was written there" if full
+            else f"cannot write {path} ({e.strerror or e})")
+
+
 def cmd_encode(args) -> None:
     import numpy as np
 
     from .config import check_max_len, load_config
     from .inference.encode import Encoder  # imports torch only for --backend torch
     from .inputs import read_text_inputs
+    from .files import atomic_write
     from .outputs import check_output_file
 
     # every option, the output path and the input are checked before the model runs
@@ -75,7 +83,12 @@ def cmd_encode(args) -> None:
                              max_len=args.max_len, truncation=not args.no_truncation,
                              normalize=args.normalize)
     output.parent.mkdir(parents=True, exist_ok=True)
-    np.save(output, vectors)
+    # whole or not at all: a full disk left a truncated .npy (over the one --overwrite replaced)
+    # or a 0-byte one that a rerun called "already exists"
+    try:
+        atomic_write(output, lambda tmp: np.save(tmp, vectors, allow_pickle=False))
+    except OSError as e:
+        raise BertkitError(_write_error(output, e)) from None
     normalized = encoder.default_normalize if args.normalize is None else args.normalize
     n = vectors.shape[0]
     print(f"bertkit: wrote {n} vector{'' if n == 1 else 's'} of size {vectors.shape[1]} "
@@ -516,6 +529,14 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"bertkit: {e}", file=sys.stderr)
         return e.exit_code
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # checkpoints and model files are written whole (atomic_write) or not at all: what was whole stays
+        where = e.filename or getattr(args, "out", None) or getattr(args, "output", None) or "a file"
+        print(f"bertkit: error: no space left on device while writing {where}; the checkpoints and files "
+              "written whole before it are kept", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # outside a training loop's own handling (which says what it saved)
         # not "nothing was saved": a run stopped after its loop (its closing evaluation or plot)
         # keeps the checkpoints it wrote, and --resume continues from them

@@ -438,3 +438,47 @@ def test_qa_predictions_read_jsonl_alone_and_refuse_an_empty_question(tmp_path):
     rows.write_text('{"question": "who?", "context": "Ann did."}\n{"question": " ", "context": "Bob."}\n')
     with pytest.raises(BertkitError, match=r"q.jsonl, line 2: the question is empty"):
         QATask().read_inputs(path=rows)
+
+
+def test_encode_on_a_full_disk_keeps_the_file_it_would_replace(tmp_path, models, capsys, monkeypatch):
+    """--overwrite on a full disk replaced the old .npy by a truncated one, with a traceback (numpy's
+    'OSError: 6912 requested and 2016 written'); a first write left a 0-byte file that a rerun
+    called 'already exists'. ENOSPC is injected at the write, after part of the file is out."""
+    import errno
+
+    import numpy as np
+    texts = tmp_path / "texts.txt"
+    texts.write_text("first text\nsecond text\n")
+    old = tmp_path / "old.npy"
+    old.write_bytes(b"my earlier vectors")
+
+    def full_disk(path, array, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x93NUMPY partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(np, "save", full_disk)
+    for output, extra in ((old, ["--overwrite"]), (tmp_path / "new.npy", [])):
+        code = main(["encode", "--model", str(models["tiny"]), "--input", str(texts), "--output", str(output), *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and "Traceback" not in err
+        assert f"no space left on device while writing {output}; nothing was written there" in err
+    assert old.read_bytes() == b"my earlier vectors"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.npy", "texts.txt"]  # no partial or temporary file
+
+
+def test_a_full_disk_while_training_is_one_line_naming_the_file(tmp_path, models, capsys, monkeypatch):
+    import errno
+
+    import bertkit.finetune as ft
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\na good film,pos\na bad film,neg\n" * 3)
+    out = tmp_path / "run"
+
+    def full_disk(model, task, tok, folder):
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "model.safetensors"))
+    monkeypatch.setattr(ft, "save_task_model", full_disk)
+    code = main(["finetune", "classify", "--model", str(models["tiny"]), "--train", str(train), "--eval", str(train),
+                 "--out", str(out), "--epochs", "1", "--max-len", "32"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert f"no space left on device while writing {out / 'model.safetensors'}; the checkpoints" in err
