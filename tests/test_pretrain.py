@@ -544,11 +544,16 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_e
     with pytest.raises(Stop):
         pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5), on_step=_stop_at(2))
     assert (out / "metrics.jsonl").exists() and not list((out / "checkpoints").glob("step_*"))
-    with pytest.raises(BertkitError, match="stopped before its first checkpoint: run the same command without --resume"):
-        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5, resume=True))
-    summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5))  # not a dead end
+    # --resume there (what a user who pressed Ctrl-C types) starts it again, and says so
+    summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5, resume=True, progress=True))
+    assert "stopped before its first checkpoint: starting it again from the beginning" in capsys.readouterr().err
     assert summary["steps"] == 6
     assert [r["step"] for r in _lines(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    with pytest.raises(Stop):  # so does a run without --resume: not a dead end either way
+        pretrain(_cfg(wiki_excerpt, tmp_path / "again", vocab=str(vocab), save_every=5), on_step=_stop_at(2))
+    assert pretrain(_cfg(wiki_excerpt, tmp_path / "again", vocab=str(vocab), save_every=5))["steps"] == 6
+    with pytest.raises(BertkitError, match="no checkpoint to resume from"):  # a folder that holds no run
+        pretrain(_cfg(wiki_excerpt, tmp_path / "nothing", vocab=str(vocab), resume=True))
 
 
 def test_a_restart_prepares_again_the_data_of_other_options_or_text(tmp_path, wiki_excerpt, vocab):

@@ -595,10 +595,11 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     ours = (out / "pretrain_config.json").is_file() or (out / "data" / "shards").is_dir()
     if cfg.resume:
         ckpt = latest_checkpoint(out, log)
-        if ckpt is None:
-            hint = (" (the run stopped before its first checkpoint: run the same command without --resume "
-                    "to start it again)" if ours else "")
-            raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*){hint}")
+        if ckpt is None and (not ours or (out / "model.safetensors").exists()):
+            raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
+        if ckpt is None:  # Ctrl-C during data preparation or the first steps: --resume goes on from the start
+            log(f"{out}: the run stopped before its first checkpoint: starting it again from the beginning, "
+                "reusing the vocabulary and shards it prepared where the same options made them")
     elif out.exists() and any(out.iterdir()):
         if not ours:
             raise BertkitError(f"{out} is not empty and holds no pretraining run; choose another --out "
