@@ -246,6 +246,8 @@ def cmd_predict(args) -> None:
     for field in ("text", "text_pair"):  # classify, word: what the model reads of each line
         if args.input and any(isinstance(ex, dict) and ex.get(field) is not None for ex in examples):
             _refuse_tokenless(tok, [ex.get(field) for ex in examples], lambda i: f"{args.input}, line {i + 1} ({field})")
+    # a classifier fine-tuned on single texts given pairs, or the reverse, read inputs it never saw (as evaluate refuses)
+    task.check(examples, args.input or "the texts given")
     feats = task.features(examples, tok, max_len)
     preds, _ = run_task(task, model, feats, examples, tok, precision=args.precision)
     for p, ex in zip(preds, examples):

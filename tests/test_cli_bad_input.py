@@ -81,6 +81,7 @@ def _user_files(tmp: Path) -> None:
     (tmp / "dup.csv").write_text("text,label,text\na,pos,b\n")
     (tmp / "gap_label.csv").write_text("text,label\na,pos\n\nb,meh\n")
     (tmp / "steps_true.toml").write_text("steps = true\n")
+    (tmp / "pairs.jsonl").write_text('{"text": "a good film", "text_pair": "yes"}\n')
     (tmp / "zero_width.txt").write_text("a fine text\n\u200b\n")
     (tmp / "surrogate.jsonl").write_text('{"text": "fine", "label": "pos"}\n{"text": "\\ud800", "label": "neg"}\n')
 
@@ -259,6 +260,8 @@ CASES = [
      "a_folder.txt: cannot read the file (Is a directory)"),
     ("finetune-ner-jsonl-train", "finetune ner --model {tiny} --train {tmp}/surrogate.jsonl --eval {tmp}/train.csv "
      "--out {tmp}/new --max-len 32", "surrogate.jsonl: a JSONL file is not CoNLL; ner and tag read CoNLL files"),
+    ("predict-pair-to-singles-model", "predict classify --model {classifier} --input {tmp}/pairs.jsonl",
+     "pairs.jsonl, line 1: a text pair (text_pair), but the model was fine-tuned on single texts"),
     ("pretrain-toml-steps-true", "pretrain --config {tmp}/steps_true.toml --out {tmp}/new",
      "steps_true.toml: option steps (--steps): expected int, got True"),
     ("pretrain-corpus-empty", "pretrain --corpus \x01 --out {tmp}/new".replace("\x01", ""), "--corpus is empty"),

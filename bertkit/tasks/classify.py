@@ -62,8 +62,8 @@ class ClassifyTask(Task):
     def read_inputs(self, path=None, texts=None):
         if path is not None:
             inputs = read_text_inputs(path, blank_lines="refuse")  # predict's row i is line i
-            pairs = inputs.pairs or [None] * len(inputs.texts)
-            return [{"text": t, "text_pair": p} for t, p in zip(inputs.texts, pairs)]
+            pairs = inputs.pairs or [None] * len(inputs.texts)  # blank lines refused: row i is line i + 1
+            return [{"text": t, "text_pair": p, "line": i + 1} for i, (t, p) in enumerate(zip(inputs.texts, pairs))]
         return [{"text": t, "text_pair": None} for t in texts]
 
     def fit(self, train, options):
