@@ -128,7 +128,9 @@ class BertConfig:
                 raise BertkitError(f"{source}: {key} is {d[key]!r}; bertkit runs BERT as an encoder only "
                                    "(bidirectional self-attention, no cross-attention)")
         fields = {f.name for f in dataclasses.fields(cls)}
-        kwargs = {k: v for k, v in d.items() if k in fields}
+        # pad_token_id null: transformers builds the embeddings without a padding row; the weights and
+        # outputs are the same with the default (0), which only zeroes that row at initialisation
+        kwargs = {k: v for k, v in d.items() if k in fields and not (k == "pad_token_id" and v is None)}
         missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
                    if k not in kwargs]
         if missing:

@@ -344,3 +344,35 @@ def test_the_example_runs_on_any_folder(tiny_bert, capsys):
     printed = capsys.readouterr().out
     assert "cosine similarity of the vectors for 'crane'" in printed
     assert "nearest to 'The cat sat on the mat.': " in printed
+
+
+def test_tokenizer_config_length_and_a_null_pad_id_are_read_as_transformers_reads_them(tmp_path, minilm_folder):
+    """model_max_length of tokenizer_config.json was ignored (texts read to the positions, where
+    transformers' tokenizer cuts them), and config.json's pad_token_id null was refused."""
+    import json
+    import shutil
+
+    import numpy as np
+
+    from bertkit.errors import BertkitError
+    from bertkit.inference.encode import Encoder
+    folder = tmp_path / "plain"
+    shutil.copytree(minilm_folder, folder, ignore=shutil.ignore_patterns("modules.json", "sentence_bert_config.json",
+                                                                         "1_Pooling", "2_Normalize"))
+    texts = ["word " * 40, "a short text"]
+    whole = Encoder.from_folder(folder).encode(texts, pooling="mean")
+    cut = Encoder.from_folder(folder).encode(texts, pooling="mean", max_len=16)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 16}))
+    with pytest.warns(UserWarning, match="truncated"):
+        np.testing.assert_array_equal(Encoder.from_folder(folder).encode(texts, pooling="mean"), cut)
+    assert not np.allclose(whole[0], cut[0])
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": int(1e30)}))  # no limit
+    np.testing.assert_array_equal(Encoder.from_folder(folder).encode(texts, pooling="mean"), whole)
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": -1}))
+    with pytest.raises(BertkitError, match=r"tokenizer_config.json: model_max_length must be an integer of at least 3"):
+        Encoder.from_folder(folder)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    model_config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**model_config, "pad_token_id": None}))
+    np.testing.assert_array_equal(Encoder.from_folder(folder).encode(texts, pooling="mean"), whole)

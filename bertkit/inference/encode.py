@@ -61,16 +61,33 @@ def folder_normalize(folder: str | Path) -> bool:
 
 def folder_max_len(folder: str | Path) -> int | None:
     """The max_seq_length of a sentence-transformers folder (sentence_bert_config.json): the
-    tokens it reads per text, fewer than the model's positions (MiniLM: 256 of 512)."""
+    tokens it reads per text, fewer than the model's positions (MiniLM: 256 of 512); else the
+    model_max_length of tokenizer_config.json, where transformers' tokenizer truncates."""
     path = Path(folder) / "sentence_bert_config.json"
     try:
         value = json.loads(path.read_text(encoding="utf-8"))["max_seq_length"]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return _tokenizer_max_len(Path(folder))
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 3:  # was ignored: 512 tokens read unsaid
         raise BertkitError(f"{path}: max_seq_length must be an integer of at least 3 ([CLS], a token, [SEP]), "
+                           f"got {json.dumps(value)}")
+    return value
+
+
+def _tokenizer_max_len(folder: Path) -> int | None:
+    """tokenizer_config.json's model_max_length; None where it is missing or transformers' "no
+    limit" (a huge sentinel, 1e30); a value that is no length is named."""
+    path = folder / "tokenizer_config.json"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("model_max_length")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1e9):
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 3:
+        raise BertkitError(f"{path}: model_max_length must be an integer of at least 3 ([CLS], a token, [SEP]), "
                            f"got {json.dumps(value)}")
     return value
 
