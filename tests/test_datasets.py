@@ -307,12 +307,14 @@ def test_read_summarize_greedy_rouge_labels(tmp_path):
     assert second == {"sentences": ["A.", "B."], "labels": [0, 1]}
     # greedy stops when no sentence improves ROUGE-1+2 F: a summary of one sentence picks one
     assert readers.greedy_labels(["the cat sat", "a dog ran", "the cat sat down"], "a dog ran") == [0, 1, 0]
+    # stemmed as summarize's ROUGE is: "runs" matches "running" (unstemmed, no sentence matched)
+    assert readers.greedy_labels(["the cat sat", "the dog runs"], "dogs running") == [0, 1]
 
 
 def _greedy_plain(sentences, summary):
     """Greedy ROUGE labels the plain way: every candidate selection scored whole by rouge-score."""
     from rouge_score import rouge_scorer
-    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2"])
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rouge2"], use_stemmer=True)  # stemmed, as summarize scores
     chosen, best = [], 0.0
     while True:
         step = None

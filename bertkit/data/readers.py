@@ -215,7 +215,7 @@ def greedy_labels(sentences: list[str], summary: str) -> list[int]:
     candidate selection whole took 55 s for a 20,000-sentence document); tested equal to
     `RougeScorer.score`."""
     _rouge()  # rouge-score installed, or a clear error
-    tokenize = RougeTokenizer(use_stemmer=False).tokenize
+    tokenize = RougeTokenizer(use_stemmer=True).tokenize  # as summarize's ROUGE scores: the labels aim at it
     ref = tokenize(summary)
     ref1, ref2 = Counter(ref), Counter(zip(ref, ref[1:]))
     toks = [tokenize(s) for s in sentences]
