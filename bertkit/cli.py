@@ -5,6 +5,7 @@ import argparse
 import errno
 import gc
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -46,6 +47,20 @@ def _refuse_tokenless(tokenizer, texts: list, where) -> None:
         t = texts[bad[0]]
         why = "empty text" if not t.strip() else f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)"
         raise BertkitError(f"{where(bad[0])}: {why}; {len(bad)} such text(s)")
+
+
+def _output_lock(args):
+    """pretrain's and finetune's --out and encode's --output, held while the command writes them
+    (files.output_lock); under torchrun by rank 0 alone, the rank that writes."""
+    from contextlib import nullcontext
+
+    from .files import output_lock
+    command = {cmd_pretrain: "pretrain", cmd_finetune: "finetune", cmd_encode: "encode"}.get(args.func)
+    flag = "--output" if command == "encode" else "--out"
+    path = getattr(args, flag[2:], None) if command else None
+    if path is None or os.environ.get("RANK", "0") != "0":
+        return nullcontext()
+    return output_lock(path, f"bertkit {command}", flag)
 
 
 def _write_error(path, e: OSError) -> str:
@@ -524,7 +539,8 @@ def main(argv: list[str] | None = None) -> int:
         # 4,096 reviews faulted 0.7-1.0 M pages without, 0.15 M with, and ran 1.07x faster
         keep_freed_memory()
     try:
-        args.func(args)
+        with _output_lock(args):
+            args.func(args)
     except BertkitError as e:
         print(f"bertkit: error: {e}", file=sys.stderr)
         return 2

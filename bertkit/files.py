@@ -2,10 +2,13 @@
 weight files of a model folder (without torch: the ONNX path reads them too)."""
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
@@ -30,6 +33,49 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def output_lock(path: str | Path, holder: str, flag: str = "--out") -> Iterator[None]:
+    """Hold `path` (a run's --out folder, encode's --output file) for one process while it writes
+    there: a second bertkit process given the same path is refused by name. Two fine-tunes into one
+    --out both ended 'saved' with the second's model and their metrics interleaved; a second
+    pretraining crashed on the first's shards. The lock is a file beside the path, `.NAME.lock`,
+    held with flock (released by the kernel if the process dies) and removed at the end."""
+    path = Path(path)
+    lock = path.parent / f".{path.name}.lock"
+    while True:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:  # no lock can be made there: the command's own checks say what is wrong
+            fd = None
+            break
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            other = os.read(fd, 200).decode("utf-8", "replace").strip() or "another bertkit process"
+            os.close(fd)
+            raise BertkitError(f"{path} is being written by another bertkit process ({other}); wait for it "
+                               f"to end, or choose another {flag}") from None
+        try:  # the holder before us may have removed the file after we opened it: lock the one at the path
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    if fd is not None:
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{holder}, process {os.getpid()}".encode())
+    try:
+        yield
+    finally:
+        if fd is not None:
+            try:
+                os.unlink(lock)
+            except OSError:
+                pass
+            os.close(fd)
 
 
 def sha256(path: Path) -> str:

@@ -485,3 +485,32 @@ def test_a_full_disk_while_training_is_one_line_naming_the_file(tmp_path, models
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert f"no space left on device while writing {out / 'model.safetensors'}; the checkpoints" in err
+
+
+def test_a_second_writer_of_the_same_output_is_refused_by_name(tmp_path, models, capsys, wiki_excerpt):
+    """Two fine-tunes into one --out both ended 'saved', the folder holding the second's model
+    and their metrics interleaved; a second pretraining crashed on the first's shards, and a
+    --resume of a run still training on its checkpoint. The first holds the output; the second is
+    refused before it writes anything, and the first ends as if alone."""
+    from bertkit.files import output_lock
+    train = tmp_path / "train.csv"
+    train.write_text("text,label\na good film,pos\na bad film,neg\n" * 3)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("first text\nsecond text\n")
+    out, vectors = tmp_path / "run", tmp_path / "v.npy"
+    runs = {"finetune": (out, ["finetune", "classify", "--model", str(models["tiny"]), "--train", str(train), "--eval",
+                               str(train), "--out", str(out), "--epochs", "1", "--max-len", "32"]),
+            "pretrain": (tmp_path / "pre", ["pretrain", "--corpus", str(wiki_excerpt), "--sentence-per-line", "--steps", "2",
+                                            "--batch-size", "8", "--max-len", "32", "--vocab-size", "300",
+                                            "--out", str(tmp_path / "pre"), "--no-samples"]),
+            "encode": (vectors, ["encode", "--model", str(models["tiny"]), "--input", str(texts), "--output", str(vectors)])}
+    for command, (path, argv) in runs.items():
+        flag = "--output" if command == "encode" else "--out"
+        with output_lock(path, "bertkit " + command, flag):  # the first run, still writing
+            assert main(argv) == 2
+            err = capsys.readouterr().err
+            assert f"{path} is being written by another bertkit process (bertkit {command}, process" in err
+            assert f"wait for it to end, or choose another {flag}" in err
+            assert not path.exists()  # the second wrote nothing
+        assert main(argv) == 0, capsys.readouterr().err  # once the first has ended
+        assert not list(tmp_path.glob(".*.lock"))  # the lock files are gone
