@@ -4,8 +4,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertkit.errors import BertkitError
-from bertkit.pretraining.corpus import (corpus_stats, iter_documents, load_documents, split_sentences,
-                                        wiki_documents)
+from bertkit.pretraining.corpus import corpus_stats, iter_documents, load_documents, wiki_documents
+from bertkit.text import split_sentences
 
 
 def write(path, content: str | bytes):

@@ -251,7 +251,7 @@ def test_fill_mask_says_a_mask_was_truncated(tiny_folder):
 
 # ---- sentence splitting is bounded per line ---------------------------------------------------
 def test_chunks_cut_long_paragraphs_at_sentence_ends():
-    from bertkit.pretraining.corpus import _chunks
+    from bertkit.text import _chunks
     text = "This is one sentence. " * 2000
     chunks = list(_chunks(text, 1000))
     assert "".join(chunks) == text and all(len(c) <= 1000 for c in chunks)

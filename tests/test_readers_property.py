@@ -549,7 +549,7 @@ PYSBD_PLACEHOLDERS = "∯ȸȹ☉☈☇☄&ᓴᓷᓰᓱᓳᓸ✂⎋♨☝"
 @SETTINGS
 @given(text=st.text(st.sampled_from(PYSBD_PLACEHOLDERS + ".!?()'\"“”:;, aZ1\u3002"), max_size=60))
 def test_sentence_splitting_keeps_every_character(text):
-    from bertkit.pretraining.corpus import split_sentences
+    from bertkit.text import split_sentences
     sentences = split_sentences(text)
     assert "".join("".join(sentences).split()) == "".join(text.split())
     assert all(s and s == s.strip() for s in sentences)

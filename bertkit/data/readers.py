@@ -272,7 +272,7 @@ def read_summarize(path: str | Path) -> list[dict]:
     """Documents {"sentences", "labels"} of a JSONL file whose rows hold either "sentences" and
     0/1 "labels", or "document" and "summary": the document is split into sentences and labelled
     by greedy ROUGE matching against the summary (rows then keep "summary" too)."""
-    from ..pretraining.corpus import split_sentences
+    from ..text import split_sentences
     path = Path(path)
     if path.suffix.lower() != ".jsonl":
         raise BertkitError(f"{path}: expected a .jsonl file")

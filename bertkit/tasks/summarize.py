@@ -36,7 +36,7 @@ class SummarizeTask(Task):
         return read_summarize(path)
 
     def read_inputs(self, path=None, texts=None):
-        from ..pretraining.corpus import split_sentences
+        from ..text import split_sentences
         if path is not None:
             from ..inputs import read_single_texts
             texts = read_single_texts(path, self.name)
