@@ -63,6 +63,12 @@ def _output_lock(args):
     return output_lock(path, f"bertkit {command}", flag)
 
 
+def _save_npy(path: str, array) -> None:
+    import numpy as np
+    with open(path, "wb") as f:  # a file, not a name: np.save adds ".npy" to a name that lacks it
+        np.save(f, array, allow_pickle=False)
+
+
 def _write_error(path, e: OSError) -> str:
     full = e.errno in (errno.ENOSPC, errno.EDQUOT) or "requested and" in str(e)  # numpy's short write has no errno
     return (f"no space left on device while writing {path}; nothing was written there" if full
@@ -101,7 +107,7 @@ def cmd_encode(args) -> None:
     # whole or not at all: a full disk left a truncated .npy (over the one --overwrite replaced)
     # or a 0-byte one that a rerun called "already exists"
     try:
-        atomic_write(output, lambda tmp: np.save(tmp, vectors, allow_pickle=False))
+        atomic_write(output, lambda tmp: _save_npy(tmp, vectors))
     except OSError as e:
         raise BertkitError(_write_error(output, e)) from None
     normalized = encoder.default_normalize if args.normalize is None else args.normalize

@@ -21,17 +21,17 @@ from tqdm import tqdm
 
 from .checkpoint import load_config, load_model, load_tokenizer, save_model, weights_path
 from .config import check_max_len
-from .inference.encode import precision_context
 from .errors import BertkitError
 from .inputs import parse_json, read_text
 from .model import init_weights
 from .optim import adamw
 from .outputs import check_output_folder
+from .precision import TRAINING_PRECISIONS, precision_context, training_precision
 from .tasks import DEFAULTS, get_task
 from .tasks.base import Task, TaskModel
 from .tokenizer import WordPieceTokenizer
 from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
-from .training.distributed import TRAINING_PRECISIONS, Processes, init_processes, training_precision
+from .training.distributed import Processes, init_processes
 from .training.log import MetricsLog, plot_losses, progress_bar, write_json
 from .training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
 

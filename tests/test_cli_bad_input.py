@@ -455,9 +455,8 @@ def test_encode_on_a_full_disk_keeps_the_file_it_would_replace(tmp_path, models,
     old = tmp_path / "old.npy"
     old.write_bytes(b"my earlier vectors")
 
-    def full_disk(path, array, **kwargs):
-        with open(path, "wb") as f:
-            f.write(b"\x93NUMPY partial")
+    def full_disk(file, array, **kwargs):
+        file.write(b"\x93NUMPY partial")
         raise OSError(errno.ENOSPC, "No space left on device")
     monkeypatch.setattr(np, "save", full_disk)
     for output, extra in ((old, ["--overwrite"]), (tmp_path / "new.npy", [])):
@@ -514,3 +513,6 @@ def test_a_second_writer_of_the_same_output_is_refused_by_name(tmp_path, models,
             assert not path.exists()  # the second wrote nothing
         assert main(argv) == 0, capsys.readouterr().err  # once the first has ended
         assert not list(tmp_path.glob(".*.lock"))  # the lock files are gone
+    import numpy as np
+    assert np.load(vectors).shape == (2, 32)  # written whole, through a temporary file that is gone
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".v.npy") or p.name.endswith(".tmp.npy")] == []

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import BertkitError, check_int
+from ..precision import PRECISIONS, precision_context  # noqa: F401 - re-exported
 from ..tokenizer import Batch, WordPieceTokenizer, load_tokenizer
 from .onnx_runtime import OnnxEncoder
 
@@ -29,20 +30,9 @@ if TYPE_CHECKING:
     from ..model import BertModel
 
 POOLINGS = ("cls", "mean", "pooler")
-PRECISIONS = ("fp32", "bf16")
 
 
 BACKENDS = ("torch", "onnx", "onnx-int8")  # onnx-int8: the dynamic int8 weights `export --int8` writes
-
-
-def precision_context(device: torch.device, precision: str = "fp32"):
-    """Inference precision: fp32 runs as is; bf16 autocasts on the model's device (CUDA or CPU)."""
-    if precision not in PRECISIONS:
-        raise BertkitError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    import torch
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def _modules(folder: Path) -> list:

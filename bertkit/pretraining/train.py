@@ -32,7 +32,8 @@ from ..optim import adamw
 from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
 from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
-from ..training.distributed import TRAINING_PRECISIONS, Processes, init_processes, training_precision
+from ..precision import TRAINING_PRECISIONS, training_precision
+from ..training.distributed import Processes, init_processes
 from ..training.log import MetricsLog, plot_losses, progress_bar, write_json
 from ..training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
 from .batches import Position, PretrainingBatches

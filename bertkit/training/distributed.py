@@ -10,33 +10,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BertkitError
+from ..precision import TRAINING_PRECISIONS, native_bf16, precision_context, training_precision  # noqa: F401
 from .memory import keep_freed_memory
 
 _LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
-
-
-TRAINING_PRECISIONS = ("auto", "fp32", "bf16")
-
-
-def native_bf16() -> bool:
-    """A CPU that runs bf16 matmuls natively, where bf16 autocast pays: AMX tiles (Intel Sapphire
-    Rapids and later; 840-1050 against 220-230 GFLOP/s in fp32 on 2 cores) or AVX512_BF16 dot
-    products (AMD Zen 4 and later; 370 against 85-130 GFLOP/s, and the default recipe's step
-    1.8x faster). On other CPUs bf16 is emulated and autocast is usually slower than fp32."""
-    has = lambda feature: bool(getattr(torch.cpu, f"_is_{feature}_supported", lambda: False)())
-    return has("amx_tile") or has("avx512_bf16")
-
-
-def training_precision(device: torch.device, precision: str = "auto") -> str:
-    """"fp32" or "bf16" for the training steps. "auto": bf16 autocast on a GPU and on a CPU with
-    native bf16 (native_bf16), else fp32. Weights and optimizer state stay fp32 whatever this says."""
-    if precision not in TRAINING_PRECISIONS:
-        raise BertkitError(f"unknown precision {precision!r}; choose one of {', '.join(TRAINING_PRECISIONS)}")
-    if precision != "auto":
-        return precision
-    if device.type == "cuda" or (device.type == "cpu" and native_bf16()):
-        return "bf16"
-    return "fp32"
 
 
 @dataclass
@@ -51,7 +28,7 @@ class Processes:
 
     def autocast(self, precision: str = "fp32"):
         """The training steps' precision: bf16 autocast or plain fp32 (see training_precision)."""
-        return torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+        return precision_context(self.device, precision)
 
     def barrier(self, long: bool = False) -> None:
         if self.world > 1:
