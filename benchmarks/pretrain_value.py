@@ -52,6 +52,7 @@ VARIANTS = {
     "lr 0.0001, mean": {"lr": 1e-4, "options": {"pooling": "mean"}},
 }
 DATASETS = ["rotten-tomatoes", "tweets"]
+PRESET_COLORS = {"tiny": "C1", "mini": "C0", "small": "C2", "base": "C3"}  # the same in every panel
 
 
 def minilm() -> str:
@@ -302,7 +303,8 @@ def plot(results: dict, models: list[str]) -> None:
             if points:
                 x, med, lo, hi = zip(*points)
                 ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                            marker="o", capsize=3, label=f"bertkit {preset}, fine-tuned with the defaults")
+                            marker="o", capsize=3, color=PRESET_COLORS.get(preset),
+                            label=f"bertkit {preset}, fine-tuned with the defaults")
         if (base := results.get(f"logreg|{dataset}")):
             ax.axhline(base["test"], color="gray", linestyle="--", label="word-count logistic regression")
         if (mini := collect(results, "minilm", dataset, "defaults", "test")):
@@ -312,6 +314,7 @@ def plot(results: dict, models: list[str]) -> None:
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
+    fig.suptitle("CPUs: " + "; ".join(sorted({e["cpu"] for e in results.values()})), fontsize=9)
     fig.tight_layout()
     PLOT.parent.mkdir(exist_ok=True)
     fig.savefig(PLOT, dpi=110)

@@ -79,9 +79,9 @@ def cmd_encode(args) -> None:
     import numpy as np
 
     from .config import check_max_len, load_config
+    from .files import atomic_write
     from .inference.encode import Encoder  # imports torch only for --backend torch
     from .inputs import read_text_inputs
-    from .files import atomic_write
     from .outputs import check_output_file
 
     # every option, the output path and the input are checked before the model runs
