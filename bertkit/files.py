@@ -45,8 +45,7 @@ def output_lock(path: str | Path, holder: str, flag: str = "--out") -> Iterator[
     path = Path(path)
     lock = path.parent / f".{path.name}.lock"
     while True:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # a parent that does not exist yet is made by the command itself, after its checks
             fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError:  # no lock can be made there: the command's own checks say what is wrong
             fd = None

@@ -323,4 +323,5 @@ def test_a_model_saved_over_a_sentence_transformers_folder_leaves_none_of_its_pi
     assert not any((out / n).exists() for n in ("modules.json", "sentence_bert_config.json",
                                                 "config_sentence_transformers.json"))
     enc = Encoder.from_folder(out, device="cpu")
-    assert (enc.default_pooling, enc.default_normalize, enc.default_max_len) == ("cls", False, None)
+    # the length is the tokenizer_config.json model_max_length that bertkit writes: the model's positions
+    assert (enc.default_pooling, enc.default_normalize, enc.default_max_len) == ("cls", False, 512)

@@ -352,7 +352,7 @@ def test_bad_runtime_options(tmp_path, tiny, data, capsys):
 
 
 def test_native_bf16_is_amx_or_avx512_bf16(monkeypatch):
-    from bertkit.training import distributed
+    from bertkit import precision as distributed
     for amx, avx512_bf16 in ((False, False), (True, False), (False, True), (True, True)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
@@ -363,8 +363,8 @@ def test_native_bf16_is_amx_or_avx512_bf16(monkeypatch):
 
 
 def test_training_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16(monkeypatch):
+    from bertkit import precision as distributed
     from bertkit.errors import BertkitError
-    from bertkit.training import distributed
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert distributed.training_precision(gpu) == "bf16"
     for native, want in ((True, "bf16"), (False, "fp32")):

@@ -250,9 +250,9 @@ def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vo
                                                              (True, "fp32", False), (False, "bf16", True)])
 def test_the_steps_run_in_bf16_autocast_on_a_native_bf16_cpu_and_evaluation_in_fp32(
         tmp_path, wiki_excerpt, vocab, monkeypatch, native, precision, steps_in_bf16):
+    from bertkit import precision as precisions
     from bertkit.model import BertForPreTraining
-    from bertkit.training import distributed
-    monkeypatch.setattr(distributed, "native_bf16", lambda: native)
+    monkeypatch.setattr(precisions, "native_bf16", lambda: native)
     seen = []  # (training, autocast on) per forward pass
     forward = BertForPreTraining.forward
     monkeypatch.setattr(BertForPreTraining, "forward", lambda self, *a, **k: seen.append(
