@@ -21,7 +21,7 @@ from ..tokenizer import WordPieceTokenizer
 
 PROBE_TRAIN = 2000
 PROBE_MIN_RUN_S = 60  # runs shorter than this (smoke tests, a few steps) end without the probe
-PROBE_MAX_LEN = 64  # review snippets: 96% of them fit (the probe needs their gist, not every token)
+PROBE_MAX_LEN = 64  # review snippets: 98% of them fit (the probe needs their gist, not every token)
 
 
 def probe_data() -> dict[str, tuple[list[str], np.ndarray]]:
