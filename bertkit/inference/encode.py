@@ -58,10 +58,15 @@ def folder_max_len(folder: str | Path) -> int | None:
         value = json.loads(path.read_text(encoding="utf-8"))["max_seq_length"]
     except (OSError, ValueError, KeyError, TypeError):
         return _tokenizer_max_len(Path(folder))
+    return _checked_length(value, path, "max_seq_length")  # -3 was ignored: 512 tokens read unsaid
+
+
+def _checked_length(value, path: Path, key: str) -> int | None:
+    """A folder's declared tokens per text: None where it declares none, else at least 3."""
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 3:  # was ignored: 512 tokens read unsaid
-        raise BertkitError(f"{path}: max_seq_length must be an integer of at least 3 ([CLS], a token, [SEP]), "
+    if not isinstance(value, int) or isinstance(value, bool) or value < 3:
+        raise BertkitError(f"{path}: {key} must be an integer of at least 3 ([CLS], a token, [SEP]), "
                            f"got {json.dumps(value)}")
     return value
 
@@ -74,12 +79,9 @@ def _tokenizer_max_len(folder: Path) -> int | None:
         value = json.loads(path.read_text(encoding="utf-8")).get("model_max_length")
     except (OSError, ValueError, AttributeError):
         return None
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1e9):
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1e9:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 3:
-        raise BertkitError(f"{path}: model_max_length must be an integer of at least 3 ([CLS], a token, [SEP]), "
-                           f"got {json.dumps(value)}")
-    return value
+    return _checked_length(value, path, "model_max_length")
 
 
 def _pooling_config(folder: Path) -> dict | None:
