@@ -86,6 +86,7 @@ bench-gpu: $(VENV)/.test
 	benchmarks/gpu.sh
 
 test: $(VENV)/.test $(WORDNET) $(CHROMEDRIVER)
+	$(VENV)/bin/lint-imports --no-cache  # the layering (pyproject.toml): no import from a higher layer, no cycles
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
 # slow checks too (long runs that benchmarks also cover)

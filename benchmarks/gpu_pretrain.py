@@ -23,23 +23,13 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+sys.path.insert(0, str(Path(__file__).parent))
+from common import matmul_peak  # noqa: E402
+
 
 def sync(device):
     if device.type == "cuda":
         torch.cuda.synchronize()
-
-
-def matmul_peak(device, n: int = 8192, repeats: int = 20) -> float:
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    sync(device)
-    t = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    sync(device)
-    return 2 * n ** 3 * repeats / (time.perf_counter() - t) / 1e12
 
 
 def batch(vocab: int, B: int, T: int, P: int, device, seed: int) -> dict:
@@ -130,7 +120,7 @@ def main():
             step(model, opt, b)
             sync(device)
             times[name].append(time.perf_counter() - t)
-    peak = matmul_peak(device, 8192 if device.type == "cuda" else 1024)
+    peak = matmul_peak(8192 if device.type == "cuda" else 1024, 20, torch.bfloat16, device=device) / 1000  # TFLOP/s
     device_name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     rows = {}
     print(f"{device_name}: bf16 matmul peak {peak:.1f} TFLOP/s (measured); {args.preset} preset, "

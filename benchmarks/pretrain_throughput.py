@@ -59,22 +59,8 @@ from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
 from bertkit.training.distributed import native_bf16
 from bertkit.training.memory import keep_freed_memory
+from common import matmul_peak
 from machine import cpu_name
-
-
-def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32, kernel: str = "mm") -> float:
-    """Best GFLOP/s of an n x n matmul in dtype on this machine, now: torch's mm (MKL for fp32
-    on a CPU), or kernel="onednn", oneDNN's inner product, which bertkit's fp32 linear layers run
-    on CPUs with AVX-512 (model.ONEDNN_LINEAR): MFU is taken against the faster of the two."""
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    run = (lambda: a @ b) if kernel == "mm" else (lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-    return 2 * n ** 3 / best / 1e9
 
 
 def forward_in(bf16: bool):

@@ -208,6 +208,8 @@ def _describe(model: str, results: dict) -> str:
         what = f"{minutes[:-1]} min on {DESCRIBE.get(extra[0], extra[0])}" if extra[0] == "rt" else \
             f"{minutes[:-1]} min on wiki, {DESCRIBE.get(extra[0], extra[0])}"
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
+    if steps and (acc := pre.get("eval", {}).get("eval_mlm_acc")) is not None:
+        steps += f", {acc:.1%} top-1 at [MASK] held out"
     return f"{preset}, {what}{steps}"
 
 

@@ -63,12 +63,6 @@ def _output_lock(args):
     return output_lock(path, f"bertkit {command}", flag)
 
 
-def _save_npy(path: str, array) -> None:
-    import numpy as np
-    with open(path, "wb") as f:  # a file, not a name: np.save adds ".npy" to a name that lacks it
-        np.save(f, array, allow_pickle=False)
-
-
 def _write_error(path, e: OSError) -> str:
     full = e.errno in (errno.ENOSPC, errno.EDQUOT) or "requested and" in str(e)  # numpy's short write has no errno
     return (f"no space left on device while writing {path}; nothing was written there" if full
@@ -76,44 +70,75 @@ def _write_error(path, e: OSError) -> str:
 
 
 def cmd_encode(args) -> None:
-    import numpy as np
-
+    """Streamed into OUTPUT.partial, chunk by chunk, and resumable (inference/encode_file.py);
+    under torchrun the ranks share the chunks and write the one file."""
     from .config import check_max_len, load_config
-    from .files import atomic_write
-    from .inference.encode import Encoder  # imports torch only for --backend torch
-    from .inputs import read_text_inputs
+    from .inference.encode import Encoder, folder_normalize, folder_pooling  # torch only for --backend torch
+    from .inference.encode_file import (EncodeOptions, Stop, check_options, finish, interrupted, prepare, run_chunks,
+                                        warn_truncated)
     from .outputs import check_output_file
 
-    # every option, the output path and the input are checked before the model runs
+    # every option, the output path, the model folder and the input are checked before any work
     output = Path(args.output)
     if output.suffix != ".npy":
         raise BertkitError(f"--output {output}: expected a .npy file name")
     check_output_file(output, args.overwrite)
     if args.batch_size < 1:
         raise BertkitError(f"--batch-size must be at least 1, got {args.batch_size}")
+    config = load_config(args.model)
     if args.max_len is not None:
-        check_max_len(args.max_len, load_config(args.model))
-    # row i of the output is line i of the input: a blank line is refused, never skipped
-    inputs = read_text_inputs(args.input, blank_lines="refuse")
-    encoder = Encoder.from_folder(args.model, precision=args.precision, backend=args.backend)
-    for field, texts in (("text", inputs.texts), ("text_pair", inputs.pairs)):
-        if texts is not None:
-            _refuse_tokenless(encoder.tokenizer, texts,
-                              lambda i: f"{args.input}, line {i + 1}" + (f" ({field})" if inputs.pairs else ""))
-    vectors = encoder.encode(inputs.texts, inputs.pairs, pooling=args.pooling, batch_size=args.batch_size,
-                             max_len=args.max_len, truncation=not args.no_truncation,
-                             normalize=args.normalize)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    # whole or not at all: a full disk left a truncated .npy (over the one --overwrite replaced)
-    # or a 0-byte one that a rerun called "already exists"
+        check_max_len(args.max_len, config)
+    normalize = folder_normalize(args.model) if args.normalize is None else args.normalize
+    options = EncodeOptions(str(Path(args.model).resolve()), args.pooling or folder_pooling(args.model) or "cls",
+                            normalize, args.max_len, not args.no_truncation, args.batch_size, args.dtype,
+                            args.backend, args.precision)
+    check_options(options)
+    procs = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from .training.distributed import init_processes
+        procs = init_processes()
+    rank, world = (procs.rank, procs.world) if procs else (0, 1)
+    # before OUTPUT.partial is made: a folder that cannot be read leaves nothing behind
+    encoder = Encoder.from_folder(args.model, device=procs.device if procs else None, precision=args.precision,
+                                  backend=args.backend)
+    plan = None
+    if rank == 0:
+        try:
+            plan = prepare(args.input, output, options, config.hidden_size, args.resume, args.overwrite)
+        except BertkitError as e:
+            if procs:
+                procs.broadcast(str(e))
+            raise
+    if procs:
+        plan = procs.broadcast(plan)
+        if isinstance(plan, str):  # rank 0 refused the input or the output, and says why
+            raise SystemExit(2)
+    # a bar for a corpus, not for a few texts (one chunk: seconds)
+    truncated, first_cut = run_chunks(encoder, plan, options, rank, world, progress=rank == 0 and plan.scan.chunks > 1)
+    if procs:  # every rank's chunks are on disk before rank 0 renames the file
+        with Stop():
+            try:
+                procs.barrier(long=True)
+                counts = procs.gather((truncated, first_cut))
+            except (KeyboardInterrupt, Interrupted) as e:
+                raise interrupted(plan, e) from None
+            except RuntimeError as e:
+                raise BertkitError(f"rank {rank} of {world}: lost the other processes ({str(e).splitlines()[0][:160]}); "
+                                   f"a rank or node stopped. The chunks done are kept in {plan.folder}: "
+                                   "--resume encodes the rest (in as many processes, or another count)") from None
+            truncated = sum(n for n, _ in counts)
+            first_cut = min((line for _, line in counts if line), default=None)
+    if rank != 0:
+        return
+    warn_truncated(truncated, first_cut, plan.scan, encoder._max_len(args.max_len))
     try:
-        atomic_write(output, lambda tmp: _save_npy(tmp, vectors))
+        finish(plan, output)
     except OSError as e:
         raise BertkitError(_write_error(output, e)) from None
-    normalized = encoder.default_normalize if args.normalize is None else args.normalize
-    n = vectors.shape[0]
-    print(f"bertkit: wrote {n} vector{'' if n == 1 else 's'} of size {vectors.shape[1]} "
-          f"({args.pooling or encoder.default_pooling} pooling{', unit length' if normalized else ''}) to {output}")
+    n = plan.scan.rows
+    print(f"bertkit: wrote {n} vector{'' if n == 1 else 's'} of size {config.hidden_size} "
+          f"({options.pooling} pooling{', unit length' if normalize else ''}"
+          f"{', float16' if args.dtype == 'float16' else ''}) to {output}")
 
 
 # held-out top-1 at [MASK] below this many times always answering the most common token: the run
@@ -241,14 +266,15 @@ def cmd_finetune(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from .finetune import evaluate_folder
+    from .tasks.runner import evaluate_folder
 
     print(json.dumps(evaluate_folder(args.task, args.model, args.data, max_len=args.max_len,
                                      precision=args.precision)))
 
 
 def cmd_predict(args) -> None:
-    from .finetune import load_task_model, run_task, task_max_len
+    from .tasks.folder import load_task_model, task_max_len
+    from .tasks.runner import run_task
 
     if args.input is not None and args.text:
         raise BertkitError("give --input FILE or texts to predict, not both (one of them would be left out)")
@@ -281,7 +307,8 @@ def cmd_serve(args) -> None:
     serve(ServeConfig(model=args.model, host=args.host, port=args.port, backend=args.backend,
                       batching=not args.no_batching, batch_window_ms=args.batch_window_ms,
                       batch_tokens=args.batch_tokens, max_body_bytes=args.max_body_bytes, max_texts=args.max_texts,
-                      max_tokens=args.max_tokens, max_attention_tokens=args.max_attention_tokens))
+                      max_tokens=args.max_tokens, max_attention_tokens=args.max_attention_tokens,
+                      max_queue=args.max_queue))
 
 
 def cmd_export(args) -> None:
@@ -295,7 +322,7 @@ def cmd_export(args) -> None:
         if args.int8:
             print(f"bertkit: wrote {report['int8']} (int8 weights; largest difference: "
                   f"{report['int8_max_abs_diff']:.1e})")
-        from .finetune import fine_tuned_task
+        from .tasks.folder import fine_tuned_task
         if fine_tuned_task(args.model):
             print("bertkit: the file holds the encoder only; `bertkit export --out DIR` also exports the task's head")
         return
@@ -337,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
     sub = p.add_subparsers(dest="command", required=True)
 
-    e = sub.add_parser("encode", help="sentence vectors of texts or text pairs, written as .npy")
+    e = sub.add_parser("encode", help="sentence vectors of texts or text pairs, written as .npy (streamed, resumable, "
+                                      "and shared among processes under torchrun)")
     e.add_argument("--model", required=True, help="model folder (HF layout)")
     e.add_argument("--input", required=True, help=".txt (one text per line) or .jsonl with text[, text_pair]")
     e.add_argument("--output", required=True, help="output .npy file, shape (texts, hidden size)")
@@ -351,7 +379,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--normalize", action=argparse.BooleanOptionalAction, default=None,
                    help="scale vectors to unit length (default: as the folder says; a sentence-transformers "
                         "folder ending with Normalize, as all-MiniLM-L6-v2 does, is normalised)")
-    e.add_argument("--overwrite", action="store_true", help="replace an existing --output file")
+    e.add_argument("--overwrite", action="store_true", help="replace an existing --output file (and start an "
+                   "interrupted one over)")
+    e.add_argument("--resume", action="store_true",
+                   help="continue an interrupted run from OUTPUT.partial (same input and options; any process count)")
+    e.add_argument("--dtype", choices=["float32", "float16"], default="float32",
+                   help="the vectors' type in the file (float16 halves it)")
     e.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
                    help=PRECISION_HELP)
     e.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
@@ -489,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="tokens per text (default: a sentence-transformers folder's max_seq_length, e.g. 256 for "
                          "all-MiniLM-L6-v2; else the model's positions)")
     sv.add_argument("--max-attention-tokens", type=int, default=128, help="tokens per /attention text (default 128)")
+    sv.add_argument("--max-queue", type=int, default=64,
+                    help="requests in the server at once (default 64); past it a request gets 503 with Retry-After")
     sv.set_defaults(func=cmd_serve)
 
     ex = sub.add_parser("export", help="a model folder with the encoder as ONNX, for --backend onnx")

@@ -188,7 +188,8 @@ def memory_bytes() -> int | None:
 def load_config(folder: str | Path) -> BertConfig:
     folder = Path(folder)
     if not folder.is_dir():
-        raise BertkitError(f"{folder}: not a model folder (no such directory)")
+        raise BertkitError(f"{folder}: not a folder, expected a model folder" if folder.exists()
+                           else f"{folder}: not a model folder (no such directory)")
     if not (folder / "config.json").is_file():
         raise BertkitError(f"{folder}: no config.json in this folder")
     return BertConfig.from_json(folder / "config.json")

@@ -1,4 +1,5 @@
-"""One fine-tuning loop for every task, and loading a fine-tuned folder for evaluate / predict.
+"""One fine-tuning loop for every task (the folder it saves: tasks/folder.py; running a model
+over a task's features: tasks/runner.py).
 
 The loop knows nothing about the task: it asks the task for features, a head, a loss and a
 decoding, trains with AdamW (warmup + linear decay), evaluates after each epoch, keeps the best
@@ -19,17 +20,17 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_config, load_model, load_tokenizer, save_model, weights_path
+from .checkpoint import load_config, load_model, load_tokenizer
 from .config import check_max_len
 from .errors import BertkitError
-from .inputs import parse_json, read_text
 from .model import init_weights
 from .optim import adamw
 from .outputs import check_output_folder
-from .precision import TRAINING_PRECISIONS, precision_context, training_precision
+from .precision import TRAINING_PRECISIONS, training_precision
 from .tasks import DEFAULTS, get_task
 from .tasks.base import Task, TaskModel
-from .tokenizer import WordPieceTokenizer
+from .tasks.folder import OWN_HEAD, fine_tuned_task, load_task_model, save_task_model, task_max_len  # noqa: F401
+from .tasks.runner import _batches, _decode, _length_order, _mean_loss, evaluate_folder, run_task, task_outputs  # noqa: F401
 from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
 from .training.distributed import Processes, init_processes
 from .training.log import MetricsLog, plot_losses, progress_bar, write_json
@@ -122,98 +123,6 @@ def _json_number(value):
     return value
 
 
-def _head_state(model: TaskModel) -> dict[str, torch.Tensor]:
-    """Head tensors to save, less those tied to the encoder (the word task's decoder)."""
-    shared = {id(p) for p in model.bert.parameters()}
-    return {k: v for k, v in model.head.state_dict(keep_vars=True).items() if id(v) not in shared}
-
-
-# the prefix of a head's tensors where no transformers class runs that head (classify on [CLS] or the
-# mean or with an MLP, the CRF tagger, summarize, word): under transformers' own names, a classifier
-# on the mean loaded into BertForSequenceClassification without a word and ran on the pooler there
-OWN_HEAD = "bertkit_head."
-
-
-def save_task_model(model: TaskModel, task: Task, tokenizer: WordPieceTokenizer, out: Path) -> None:
-    prefix = OWN_HEAD if task.hf_architecture == "BertModel" else ""
-    save_model(model.bert, out, tokenizer, bertkit_info={"task": task.name, **task.info},
-               extra_tensors={prefix + k: v.detach() for k, v in _head_state(model).items()},
-               architecture=task.hf_architecture, config_extra=task.hf_config())
-
-
-def fine_tuned_task(folder: str | Path) -> str | None:
-    """The task a folder was fine-tuned for (its bertkit.json), or None: no bertkit.json, or a
-    pretraining run's ("task": "pretraining")."""
-    from .tasks import TASKS
-    try:
-        info = json.loads((Path(folder) / "bertkit.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    task = info.get("task") if isinstance(info, dict) else None
-    return task if task in TASKS else None
-
-
-def load_task_model(folder: str | Path, task_name: str | None = None, device=None):
-    """A fine-tuned folder -> (task, model in eval mode, tokenizer)."""
-    folder = Path(folder)
-    info_path = folder / "bertkit.json"
-    if not info_path.is_file():
-        raise BertkitError(f"{folder}: no bertkit.json: not a fine-tuned bertkit model (run `bertkit finetune`)")
-    info = parse_json(read_text(info_path), str(info_path))
-    if not isinstance(info, dict):
-        raise BertkitError(f"{info_path}: expected a JSON object")
-    name = info.pop("task", None)
-    from .tasks import TASKS
-    if name not in TASKS:
-        raise BertkitError(f"{folder} is not fine-tuned for a task (its bertkit.json has task {name!r}); "
-                           f"run `bertkit finetune {task_name or 'TASK'}` on it first")
-    if task_name is not None and name != task_name:
-        raise BertkitError(f"{folder} was fine-tuned for {name!r}, not {task_name!r}")
-    labels = info.get("labels")
-    if labels is not None and not (isinstance(labels, list) and len(labels) >= (2 if name == "classify" else 1)
-                                   and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in labels)):
-        raise BertkitError(f"{info_path}: 'labels' must be a list of strings or integers (two or more to classify), "
-                           f"found {json.dumps(labels)[:80]}")
-    task = get_task(name)(info)
-    # the task options it records, checked as `--option` checks them: a hand-edited "k": 0 summarized
-    # every document as nothing, "n_best": "5" ended in a ValueError deep in decoding
-    task.info.update(task.check_options({k: info[k] for k in sorted(task.options.keys() & info.keys())}, info_path))
-    tokenizer = load_tokenizer(folder)
-    bert, extra = load_model(folder, heads=False)
-    try:
-        model = TaskModel(bert, task.head(bert.config, bert))
-    except KeyError as e:
-        raise BertkitError(f"{info_path}: no {e.args[0]!r} field, which the {name} head is built from") from None
-    wanted = _head_state(model)
-    extra = {k.removeprefix(OWN_HEAD): v for k, v in extra.items()}  # folders saved before the prefix: without it
-    missing = [k for k in wanted if k not in extra]
-    if missing:
-        raise BertkitError(f"{weights_path(folder)}: the {name} head's tensor {missing[0]!r} is missing")
-    for k, t in wanted.items():
-        if extra[k].shape != t.shape:  # the head as bertkit.json describes it (its labels ...) is another
-            raise BertkitError(f"{weights_path(folder)}: the {name} head's tensor {k!r} has shape "
-                               f"{tuple(extra[k].shape)}, but bertkit.json describes one of {tuple(t.shape)}"
-                               + (f" ({len(labels)} labels)" if labels is not None else ""))
-    model.head.load_state_dict({k: extra[k] for k in wanted}, strict=False)
-    model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
-    return task, model, tokenizer
-
-
-def task_max_len(task: Task, model: TaskModel, max_len: int | None) -> int:
-    """--max-len for evaluate / predict: the one given, else the one the model was fine-tuned
-    with; within the model's position limit either way."""
-    if max_len is None:
-        return check_max_len(min(task.info.get("max_len", 128), model.config.max_position_embeddings),
-                             model.config, "bertkit.json's max_len")
-    return check_max_len(max_len, model.config)
-
-
-def _batches(feats, task, tokenizer, batch_size, device, groups=None):
-    groups = groups or [list(range(s, min(s + batch_size, len(feats)))) for s in range(0, len(feats), batch_size)]
-    for group in groups:
-        yield {k: v.to(device) for k, v in task.collate([feats[i] for i in group], tokenizer).items()}
-
-
 def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -> list[list[int]]:
     """A shuffled epoch as batches of indices. By length: the shuffled examples are sorted by
     length within windows of 50 batches, cut into batches, and the batches shuffled again, so
@@ -229,62 +138,6 @@ def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -
     if by_length:
         groups = [groups[i] for i in torch.randperm(len(groups), generator=g).tolist()]
     return groups
-
-
-@torch.no_grad()
-def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, batch_size=64,
-                 precision: str = "fp32") -> tuple[list, list[tuple[float, int]]]:
-    """The task's raw outputs per batch, and when the features carry targets each batch's
-    (loss x loss units, loss units): _mean_loss weighs the batches by what their losses average
-    over, so the mean does not depend on the batch size (a short last batch counted as a full one)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    autocast = precision_context(device, precision)
-    outputs, losses = [], []
-    groups = [list(range(s, min(s + batch_size, len(feats)))) for s in range(0, len(feats), batch_size)]
-    for group, batch in zip(groups, _batches(feats, task, tokenizer, batch_size, device, groups)):
-        with autocast:
-            loss, out = task.forward(model, batch)
-        outputs.append(out)
-        units = sum(task.loss_units(feats[i]) for i in group)
-        if loss is not None and units:
-            losses.append((loss.item() * units, units))
-    model.train(was_training)
-    return outputs, losses
-
-
-def _mean_loss(losses: list[tuple[float, int]]) -> float | None:
-    return sum(s for s, _ in losses) / sum(n for _, n in losses) if losses else None
-
-
-def _length_order(task: Task, feats: list[dict], examples: list) -> list[int]:
-    """The order evaluation runs the features in: by length where each feature is its example
-    (batches of similar length pad little: predictions come back in input order), else as given."""
-    if task.feature_per_example and len(feats) == len(examples):
-        return sorted(range(len(feats)), key=lambda i: len(feats[i]["input_ids"]))
-    return list(range(len(feats)))
-
-
-def _decode(task: Task, outputs: list, feats: list[dict], examples: list, order: list[int]) -> list:
-    """task.decode over outputs computed in `order`, the predictions in input order."""
-    if order == list(range(len(feats))):
-        return task.decode(outputs, feats, examples)
-    ranked = task.decode(outputs, [feats[i] for i in order], [examples[i] for i in order])
-    preds = [None] * len(ranked)
-    for k, i in enumerate(order):
-        preds[i] = ranked[k]
-    return preds
-
-
-def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size=64,
-             precision: str = "fp32"):
-    """Predictions (and the mean loss when the features carry targets) over all features, in
-    length-sorted batches. fp32 by default, also on a GPU: bf16 moves scores and can flip close
-    predictions."""
-    order = _length_order(task, feats, examples)
-    outputs, losses = task_outputs(task, model, [feats[i] for i in order], tokenizer, batch_size, precision)
-    return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
 
 
 def _on_cpu(value):
@@ -315,20 +168,6 @@ def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, t
     outputs = [o for out, _ in parts for o in out]
     losses = [x for _, loss in parts for x in loss]
     return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
-
-
-def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None,
-                    precision: str = "fp32") -> dict:
-    task, model, tok = load_task_model(folder, task_name)
-    max_len = task_max_len(task, model, max_len)  # before reading the data
-    examples = task.read(data_path)
-    task.check(examples, str(data_path))
-    feats = task.features(examples, tok, max_len)
-    preds, loss = run_task(task, model, feats, examples, tok, batch_size, precision)
-    metrics = task.metrics(preds, examples)
-    if loss is not None:
-        metrics["loss"] = loss
-    return metrics
 
 
 class _Step(torch.nn.Module):

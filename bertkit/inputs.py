@@ -182,6 +182,28 @@ def _refuse_blank_lines(path: Path, all_lines: list[str]) -> None:
                            "output is line i of the input, so remove blank lines")
 
 
+def _check_input_suffix(path: Path) -> None:
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv", ".json"):  # as lines of text, a header and labels would become texts
+        raise BertkitError(f"{path}: a {suffix[1:].upper()} file is not an input here; give a .txt file (one "
+                           "text per line) or a .jsonl file (an object with 'text' per line)")
+
+
+def _row_texts(path: Path, lineno: int, row: dict) -> tuple[str, str | None]:
+    """A JSONL row's text and text_pair (None where it has none)."""
+    if not isinstance(row.get("text"), str):
+        raise BertkitError(f"{path}, line {lineno}: expected an object with a string field 'text'")
+    pair = row.get("text_pair")
+    if pair is not None and not isinstance(pair, str):
+        raise BertkitError(f"{path}, line {lineno}: field 'text_pair' must be a string")
+    return row["text"], pair
+
+
+def _mixed_pairs(path: Path, lineno: int) -> BertkitError:
+    return BertkitError(f"{path}: some rows have 'text_pair' and some do not "
+                        f"(row {lineno} has none); give it on every row or on none")
+
+
 def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
     """Texts from a .txt file (one per line) or a .jsonl file (one object per line).
 
@@ -190,34 +212,130 @@ def read_text_inputs(path: str | Path, blank_lines: str = "skip") -> TextInputs:
     path = Path(path)
     if blank_lines not in ("skip", "refuse"):
         raise ValueError(f"blank_lines must be 'skip' or 'refuse', got {blank_lines!r}")
-    suffix = path.suffix.lower()
-    if suffix in (".csv", ".tsv", ".json"):  # as lines of text, a header and labels would become texts
-        raise BertkitError(f"{path}: a {suffix[1:].upper()} file is not an input here; give a .txt file (one "
-                           "text per line) or a .jsonl file (an object with 'text' per line)")
+    _check_input_suffix(path)
     file_lines = read_lines(path)  # once: a named pipe or /dev/stdin has nothing left for a second read
     if blank_lines == "refuse":
         _refuse_blank_lines(path, file_lines)
-    if suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         texts, pairs = [], []
         for lineno, row in jsonl_rows(path, file_lines):
-            if not isinstance(row.get("text"), str):
-                raise BertkitError(f"{path}, line {lineno}: expected an object with a string field 'text'")
-            pair = row.get("text_pair")
-            if pair is not None and not isinstance(pair, str):
-                raise BertkitError(f"{path}, line {lineno}: field 'text_pair' must be a string")
-            texts.append(row["text"])
+            text, pair = _row_texts(path, lineno, row)
+            texts.append(text)
             pairs.append(pair)
         given = [p is not None for p in pairs]
         if any(given) and not all(given):
-            lineno = given.index(False) + 1
-            raise BertkitError(f"{path}: some rows have 'text_pair' and some do not "
-                               f"(row {lineno} has none); give it on every row or on none")
+            raise _mixed_pairs(path, given.index(False) + 1)
         result = TextInputs(texts, pairs if any(given) else None)
     else:
         result = TextInputs([line for line in file_lines if line.strip()], None)
     if not result.texts:
         raise BertkitError(f"{path}: no texts in this file")
     return result
+
+
+# ---- a file of any size, in chunks: `bertkit encode` on a corpus ----
+@dataclass
+class InputScan:
+    """What one pass over a .txt or .jsonl input found, holding none of its texts. Row i is line
+    i; chunk c is rows c * chunk_rows onwards, read back with read_chunk."""
+    path: Path
+    rows: int
+    pairs: bool
+    chunk_rows: int
+    offsets: list[int]  # the byte offset of each chunk's first line
+    digest: str         # sha256 of the file's bytes: a resumed run reads the same file
+    name: Path          # the file as errors name it (a pipe's texts are read from a copy)
+
+    @property
+    def chunks(self) -> int:
+        return len(self.offsets)
+
+    def chunk_size(self, chunk: int) -> int:
+        return min(self.chunk_rows, self.rows - chunk * self.chunk_rows)
+
+
+def _decoded_lines(path: Path, f, start_line: int = 1, offset: int = 0) -> Iterator[tuple[int, int, bytes, str]]:
+    """(line number, byte offset, raw bytes, text) of each line of an open binary file: split at
+    newlines only, a CRLF's CR and the first line's byte-order mark dropped, a bad byte named
+    by offset and line as decode_text names it."""
+    for lineno, raw in enumerate(f, start_line):
+        body = raw.removesuffix(b"\n")
+        try:
+            line = body.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise BertkitError(f"{path}: not UTF-8 text: byte 0x{body[e.start]:02x} at byte offset "
+                               f"{offset + e.start} (line {lineno}) is invalid") from None
+        if lineno == 1:
+            line = line.removeprefix("\ufeff")
+        yield lineno, offset, raw, line.removesuffix("\r")
+        offset += len(raw)
+
+
+def scan_text_inputs(path: str | Path, chunk_rows: int, name: str | Path | None = None) -> InputScan:
+    """One pass over a .txt or .jsonl input, in constant memory, checking all that
+    read_text_inputs(path, blank_lines="refuse") checks: the texts are read again chunk by chunk.
+    name: the file as errors name it, where `path` is a copy of it (default: path)."""
+    import hashlib
+    reading, path = Path(path), Path(name or path)
+    _check_input_suffix(path)
+    jsonl = path.suffix.lower() == ".jsonl"
+    digest = hashlib.sha256()
+    rows, offsets, pairs = 0, [], None
+    blank, blanks, gaps = None, 0, []  # the blank lines since the last text; those between texts
+    with open_binary(reading) as f:
+        check_not_utf16(path, f.read(2000))
+        f.seek(0)
+        for lineno, offset, raw, line in _decoded_lines(path, f):
+            digest.update(raw)
+            if lineno == 1 and not raw.endswith(b"\n") and "\r" in line.rstrip("\r"):
+                raise BertkitError(f"{path}: lines end in a carriage return alone (classic Mac line endings); "
+                                   "save it with LF or CRLF line endings")
+            if not line.strip():
+                blank, blanks = blank or lineno, blanks + 1
+                continue
+            if blank is not None:  # a text after blank lines: every later row would shift
+                gaps.append((blank, blanks))
+                blank, blanks = None, 0
+            if gaps:  # refused below, by its first blank line; the rest of the file only counted
+                continue
+            if jsonl:
+                row = parse_json(line, f"{path}, line {lineno}")
+                if not isinstance(row, dict):
+                    raise BertkitError(f"{path}, line {lineno}: expected a JSON object, found {type(row).__name__}")
+                has_pair = _row_texts(path, lineno, row)[1] is not None
+                if pairs is None:
+                    pairs = has_pair
+                elif has_pair != pairs:
+                    raise _mixed_pairs(path, lineno if pairs else 1)
+            if rows % chunk_rows == 0:
+                offsets.append(offset)
+            rows += 1
+    if gaps:
+        raise BertkitError(f"{path}, line {gaps[0][0]}: blank line ({sum(n for _, n in gaps)} in the file); row i "
+                           "of the output is line i of the input, so remove blank lines")
+    if not rows:
+        raise BertkitError(f"{path}: no texts in this file")
+    return InputScan(reading, rows, bool(pairs), chunk_rows, offsets, digest.hexdigest(), path)
+
+
+def read_chunk(scan: InputScan, chunk: int) -> TextInputs:
+    """The texts of one chunk of a scanned input (checked by the scan)."""
+    first, n = chunk * scan.chunk_rows, scan.chunk_size(chunk)
+    texts, pairs = [], []
+    with open_binary(scan.path) as f:
+        f.seek(scan.offsets[chunk])
+        for lineno, _, _, line in _decoded_lines(scan.name, f, first + 1, scan.offsets[chunk]):
+            if scan.name.suffix.lower() == ".jsonl":
+                text, pair = _row_texts(scan.name, lineno, parse_json(line, f"{scan.name}, line {lineno}"))
+                texts.append(text)
+                pairs.append(pair)
+            else:
+                texts.append(line)
+            if len(texts) == n:
+                break
+    if len(texts) != n:
+        raise BertkitError(f"{scan.name}: the file changed while it was read (line {first + len(texts) + 1} is gone)")
+    return TextInputs(texts, pairs if scan.pairs else None)
 
 
 def read_single_texts(path: str | Path, task: str) -> list[str]:

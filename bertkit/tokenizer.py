@@ -12,7 +12,7 @@ import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 from tokenizers import Encoding, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -318,8 +318,11 @@ class WordPieceTokenizer:
         return self.pad(self.encode_unpadded(texts, pairs, max_len, truncation))
 
     def encode_unpadded(self, texts: Sequence[str], pairs: Sequence[str] | None = None,
-                        max_len: int = 512, truncation: bool = True) -> list[Encoding]:
-        """One `tokenizers.Encoding` per text (or pair), unpadded; see `encode`."""
+                        max_len: int = 512, truncation: bool = True,
+                        where: Callable[[int], str] | None = None) -> list[Encoding]:
+        """One `tokenizers.Encoding` per text (or pair), unpadded; see `encode`. where(i) names
+        text i in the too-long error (a file's line); given, truncation is left to the caller to
+        report (`Encoding.overflowing`), as a streamed file sums it over its chunks."""
         for name, given in (("texts", texts), ("pairs", pairs)):
             if isinstance(given, str):  # list("a text") would be one text per character
                 raise BertkitError(f"{name} must be a list of strings, not one string: [{given[:20]!r}...]")
@@ -351,10 +354,11 @@ class WordPieceTokenizer:
                 i = cut[0]
                 n = len(self.tok.encode(*((texts[i], pairs[i]) if pairs is not None else (texts[i],))).ids)
                 raise BertkitError(
-                    f"text {i} is {n} tokens long, over the limit of {max_len} "
+                    f"{where(i) if where else f'text {i}'} is {n} tokens long, over the limit of {max_len} "
                     f"({len(cut)} text(s) too long); shorten it or allow truncation")
-            warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {max_len} tokens were "
-                          f"truncated (first: text {cut[0]})", stacklevel=3)
+            if where is None:
+                warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {max_len} tokens were "
+                              f"truncated (first: text {cut[0]})", stacklevel=3)
         return encs
 
     def _cut_long(self, texts: list[str], pairs: list[str] | None, budget: int):

@@ -446,19 +446,20 @@ def test_qa_predictions_read_jsonl_alone_and_refuse_an_empty_question(tmp_path):
 def test_encode_on_a_full_disk_keeps_the_file_it_would_replace(tmp_path, models, capsys, monkeypatch):
     """--overwrite on a full disk replaced the old .npy by a truncated one, with a traceback (numpy's
     'OSError: 6912 requested and 2016 written'); a first write left a 0-byte file that a rerun
-    called 'already exists'. ENOSPC is injected at the write, after part of the file is out."""
+    called 'already exists'. The output's space is reserved before any work (a write through a
+    memory map would die of SIGBUS on a full disk): ENOSPC is injected there, and then at the
+    first chunk's write, whose partial file is kept for --resume."""
     import errno
 
-    import numpy as np
+    import bertkit.inference.encode_file as ef
     texts = tmp_path / "texts.txt"
     texts.write_text("first text\nsecond text\n")
     old = tmp_path / "old.npy"
     old.write_bytes(b"my earlier vectors")
 
-    def full_disk(file, array, **kwargs):
-        file.write(b"\x93NUMPY partial")
+    def full_disk(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
-    monkeypatch.setattr(np, "save", full_disk)
+    monkeypatch.setattr(ef.os, "posix_fallocate", full_disk)
     for output, extra in ((old, ["--overwrite"]), (tmp_path / "new.npy", [])):
         code = main(["encode", "--model", str(models["tiny"]), "--input", str(texts), "--output", str(output), *extra])
         err = capsys.readouterr().err
@@ -466,6 +467,12 @@ def test_encode_on_a_full_disk_keeps_the_file_it_would_replace(tmp_path, models,
         assert f"no space left on device while writing {output}; nothing was written there" in err
     assert old.read_bytes() == b"my earlier vectors"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.npy", "texts.txt"]  # no partial or temporary file
+    monkeypatch.undo()  # the space is there now; the first chunk's write fails
+    monkeypatch.setattr(ef.os, "pwrite", full_disk)
+    code = main(["encode", "--model", str(models["tiny"]), "--input", str(texts), "--output", str(old), "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and "no space left on device while writing" in err and "--resume continues" in err
+    assert old.read_bytes() == b"my earlier vectors"
 
 
 def test_a_full_disk_while_training_is_one_line_naming_the_file(tmp_path, models, capsys, monkeypatch):

@@ -169,7 +169,7 @@ def test_worker_processes_split_as_this_process_does(tmp_path, wiki_excerpt, mon
 
     def documents():
         return (list(iter_documents(text_file)), list(iter_documents(text_file, per_file=True)),
-                list(corpus.rest_documents(rest)), list(split_workers.map_texts("wiki", raws)))
+                list(corpus.rest_documents(rest)), list(split_workers.map_texts(corpus._wiki_sentences, raws)))
     monkeypatch.setattr(split_workers, "worker_count", lambda: 1)
     here = documents()
     started = []
@@ -189,7 +189,7 @@ def test_worker_processes_split_as_this_process_does(tmp_path, wiki_excerpt, mon
     docs.close()
     assert len(started) == 3 and all(p.poll() is not None for p in started)
     with pytest.raises(BertkitError, match="a sentence-splitting worker stopped"):
-        list(split_workers.map_texts("sentences", ["x" * 2000, b"not text: the worker fails on it"]))
+        list(split_workers.map_texts(corpus.split_sentences, ["x" * 2000, b"not text: the worker fails on it"]))
 
 
 @settings(max_examples=300, deadline=None)

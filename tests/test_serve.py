@@ -52,6 +52,19 @@ def classifier(tmp_path_factory, tiny_bert):
 
 
 @pytest.fixture(scope="module")
+def pair_classifier(tmp_path_factory, tiny_bert):
+    """A classifier fine-tuned on text pairs."""
+    folder = tmp_path_factory.mktemp("classify_pairs")
+    train = folder / "train.jsonl"
+    rows = [{"text": "a wonderful film", "text_pair": "moving", "label": "fresh"},
+            {"text": "dull", "text_pair": "far too long", "label": "rotten"}] * 4
+    train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["finetune", "classify", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
+                 "--out", str(folder / "model"), "--epochs", "1", "--batch-size", "4"]) == 0
+    return folder / "model"
+
+
+@pytest.fixture(scope="module")
 def qa_model(tmp_path_factory, tiny_bert):
     from bertkit.data.squad_subset import squad_subset_file
     squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
@@ -118,7 +131,7 @@ def test_encode_equals_the_library_and_the_cli(tiny_bert, tmp_path):
         np.testing.assert_allclose(vector, cli[0], atol=1e-6)
 
 
-def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_bert):
+def test_fill_mask_predict_and_attention(pretrained, classifier, pair_classifier, qa_model, tiny_bert):
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.inference.fill_mask import fill_mask
     texts = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK]."]
@@ -142,11 +155,14 @@ def test_fill_mask_predict_and_attention(pretrained, classifier, qa_model, tiny_
         r = c.post("/fill-mask", json={"texts": texts})
         assert r.status_code == 400 and "no trained MLM head" in r.json()["error"]
     with client(classifier) as c:
-        r = c.post("/predict", json={"inputs": ["a moving film", {"text": "dull", "text_pair": "too long"}]})
+        r = c.post("/predict", json={"inputs": ["a moving film", "dull and too long"]})
         assert r.status_code == 200, r.text
         preds = r.json()["predictions"]
         assert r.json()["task"] == "classify" and all(p["label"] in ("fresh", "rotten") for p in preds)
-        assert preds[1]["text_pair"] == "too long"
+    with client(pair_classifier) as c:
+        r = c.post("/predict", json={"inputs": [{"text": "dull", "text_pair": "too long"}]})
+        assert r.status_code == 200, r.text
+        assert r.json()["predictions"][0]["text_pair"] == "too long"
     captured = subprocess.run([sys.executable, "-m", "bertkit", "predict", "classify", "--model", str(classifier),
                                "a moving film"], capture_output=True, text=True, check=True).stdout
     assert json.loads(captured)["scores"] == pytest.approx(preds[0]["scores"], abs=1e-5)  # other batch, padding
@@ -174,7 +190,7 @@ def test_the_onnx_backend_serves_the_same_vectors_and_predictions(classifier, tm
     pytest.importorskip("onnxruntime")
     exported = tmp_path / "onnx"
     assert main(["export", "--model", str(classifier), "--out", str(exported)]) == 0
-    inputs = ["a moving film", {"text": "dull", "text_pair": "too long"}]
+    inputs = ["a moving film", "dull and too long"]
     answers = {}
     for backend in ("torch", "onnx"):
         with client(exported, backend=backend) as c:
@@ -350,7 +366,7 @@ def test_booleans_and_integers_are_not_coerced(tiny_bert):
         assert r.status_code == 400 and "MLM head" in r.json()["error"]
 
 
-def test_empty_text_pairs_are_refused_like_empty_texts(tiny_bert, classifier):
+def test_empty_text_pairs_are_refused_like_empty_texts(tiny_bert, pair_classifier):
     with client(tiny_bert) as c:
         for url, body, words in (("/encode", {"texts": ["a"], "text_pairs": [""]}, "text_pairs[0]: empty"),
                                  ("/encode", {"texts": ["a", "b"], "text_pairs": ["c", "   "]}, "text_pairs[1]: empty"),
@@ -358,8 +374,8 @@ def test_empty_text_pairs_are_refused_like_empty_texts(tiny_bert, classifier):
                                  ("/attention", {"text": "a", "text_pair": " \n"}, "text_pair[0]: empty")):
             r = c.post(url, json=body)
             assert r.status_code == 422 and words in r.json()["error"], (body, r.text)
-    with client(classifier) as c:
-        r = c.post("/predict", json={"inputs": ["fine", {"text": "a", "text_pair": "  "}]})
+    with client(pair_classifier) as c:
+        r = c.post("/predict", json={"inputs": [{"text": "a", "text_pair": "b"}, {"text": "a", "text_pair": "  "}]})
         assert r.status_code == 422 and "inputs[1].text_pair: empty" in r.json()["error"], r.text
         # nor is a pair that is not a string, or a misspelt field, dropped without a word
         for item, words in (({"text": "a", "text_pair": 5}, "inputs[0].text_pair: must be a string"),
@@ -368,11 +384,11 @@ def test_empty_text_pairs_are_refused_like_empty_texts(tiny_bert, classifier):
             assert r.status_code == 422 and words in r.json()["error"], r.text
 
     # a classify input's text_pair counts against --max-tokens with its text, as /encode's pairs do
-    with client(classifier, max_tokens=12) as c:
+    with client(pair_classifier, max_tokens=12) as c:
         fits, over = {"text": "a good film", "text_pair": "yes"}, {"text": "a good film", "text_pair": "yes " * 8}
-        r = c.post("/predict", json={"inputs": ["fine", fits]})
+        r = c.post("/predict", json={"inputs": [fits]})
         assert r.status_code == 200, r.text
-        r = c.post("/predict", json={"inputs": ["fine", over]})
+        r = c.post("/predict", json={"inputs": [fits, over]})
         assert r.status_code == 413 and "inputs[1]: 14 tokens, over the limit of 12" in r.json()["error"], r.text
 
 
@@ -683,3 +699,80 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line_naming_the_flag(tiny_bert,
     assert "--host 'no-such-host.invalid': not a host name or address this machine knows" in capsys.readouterr().err
     assert main(["serve", "--model", str(tiny_bert), "--host", "192.0.2.1", "--port", "8000"]) == 2  # TEST-NET-1
     assert "--host '192.0.2.1': not an address of this machine" in capsys.readouterr().err
+
+
+def test_abandoned_requests_are_dropped_and_a_full_queue_answers_503(tiny_bert):
+    """Six requests whose clients leave while the model is busy are never computed: a request
+    behind them waits for the call in flight only. Past --max-queue requests, a 503 with
+    Retry-After. A real uvicorn server, raw sockets for the clients that leave."""
+    import threading
+
+    import uvicorn
+    app = create_app(ServeConfig(model=str(tiny_bert), max_queue=4))
+    served, calls = app.state.served, []
+    original = served.run_encode
+
+    def slow(key, items):  # each model call takes 0.5 s, whatever the machine
+        calls.append(len(items))
+        time.sleep(0.5)
+        return original(key, items)
+    served.run_encode = slow
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    body = json.dumps({"texts": ["a review that nobody will read"]}).encode()
+
+    def send():
+        s = socket.create_connection(("127.0.0.1", port))
+        s.sendall(b"POST /encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        return s
+
+    def post(texts):
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/encode", data=json.dumps({"texts": texts}).encode(),
+                                     headers={"content-type": "application/json"})
+        return urllib.request.urlopen(req, timeout=30)
+    try:
+        for _ in range(300):
+            if server.started:
+                break
+            time.sleep(0.05)
+        gone = [send() for _ in range(4)]
+        time.sleep(0.2)  # the first is in the model; the others queue
+        t = time.monotonic()
+        for s in gone:
+            s.close()
+        time.sleep(0.3)  # the server polls for clients gone every 0.05 s
+        assert len(json.loads(post(["hi"]).read())["vectors"]) == 1
+        assert time.monotonic() - t < 2.0  # the call in flight (0.5 s) and its own, not three more
+        assert calls == [1, 1]  # the first abandoned one (already running) and "hi"
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        assert re.search(r"bertkit_abandoned_requests_total 4\.0", metrics), metrics[-2000:]
+        # a full queue: four requests in the server, the fifth is turned away with a time to retry
+        busy = [send() for _ in range(4)]
+        time.sleep(0.2)
+        with pytest.raises(urllib.error.HTTPError) as e:
+            post(["one too many"])
+        assert e.value.code == 503 and int(e.value.headers["Retry-After"]) >= 1
+        assert "the server is busy: 4 requests are in it (--max-queue 4)" in json.loads(e.value.read())["error"]
+        for s in busy:
+            assert b"200 OK" in s.recv(100)
+            s.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def test_predict_refuses_pairs_for_a_single_text_classifier_and_the_reverse(classifier, pair_classifier):
+    """As `bertkit predict` and `evaluate` refuse them: the model would read inputs it never saw."""
+    for folder, good, bad, words in (
+            (classifier, "a film", {"text": "a", "text_pair": "b"},
+             "a text pair (text_pair), but the model was fine-tuned on single texts"),
+            (pair_classifier, {"text": "a", "text_pair": "b"}, "a film",
+             "a single text, but the model was fine-tuned on text pairs")):
+        with client(folder) as c:
+            assert c.post("/predict", json={"inputs": [good]}).status_code == 200
+            r = c.post("/predict", json={"inputs": [good, bad, bad]})
+            assert r.status_code == 422 and f"inputs[1]: {words}; 2 such input(s)" in r.json()["error"], r.text
+            assert c.get("/health").status_code == 200

@@ -1,8 +1,9 @@
 """Contextual vectors: sentence vectors and per-token vectors for texts and text pairs.
 
-Texts are sorted by length (longest first) and batched so that padding is minimal; results
-come back in input order. The model runs in fp32 unless bf16 is asked for: bf16 autocast is
-faster on a GPU and on a CPU with native bf16 (MiniLM on 2 AMX cores: about 1.9x), but moves vectors
+Texts are sorted by length (longest first) within chunks of CHUNK_BATCHES batches and batched
+so that padding is small; results come back in input order. `bertkit encode` runs the same
+chunks over a file of any size (encode_file.py), so that its vectors equal these. The model
+runs in fp32 unless bf16 is asked for: bf16 autocast is faster on a GPU and on a CPU with native bf16 (MiniLM on 2 AMX cores: about 1.9x), but moves vectors
 off their fp32 values (there: max abs diff 1e-2, cosine to the fp32 vector at least 0.9999),
 which users comparing or storing vectors do not expect. On a CPU without native bf16 it is usually
 slower. An exported encoder on ONNX Runtime (OnnxEncoder) runs here too, and that path never
@@ -10,8 +11,6 @@ imports torch.
 """
 from __future__ import annotations
 
-import contextlib
-import json
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import BertkitError, check_int
+from ..pooling import (POOLINGS, folder_max_len, folder_normalize, folder_pooling, folder_unsupported,  # noqa: F401
+                       pool, unsupported_pooling, warn_unsupported)  # re-exported: where they lived before pooling.py
 from ..precision import PRECISIONS, precision_context  # noqa: F401 - re-exported
 from ..tokenizer import Batch, WordPieceTokenizer, load_tokenizer
 from .onnx_runtime import OnnxEncoder
@@ -29,136 +30,11 @@ if TYPE_CHECKING:
 
     from ..model import BertModel
 
-POOLINGS = ("cls", "mean", "pooler")
+# texts are length-sorted and batched within chunks of this many batches (encode, encode_file)
+CHUNK_BATCHES = 32
 
 
 BACKENDS = ("torch", "onnx", "onnx-int8")  # onnx-int8: the dynamic int8 weights `export --int8` writes
-
-
-def _modules(folder: Path) -> list:
-    """A sentence-transformers folder's modules.json (its pipeline after the encoder), or []."""
-    try:
-        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [m for m in modules if isinstance(m, dict)] if isinstance(modules, list) else []
-
-
-def folder_normalize(folder: str | Path) -> bool:
-    """Whether a sentence-transformers folder ends with a Normalize module (unit-length vectors)."""
-    return any(str(m.get("type", "")).endswith("models.Normalize") for m in _modules(Path(folder)))
-
-
-def folder_max_len(folder: str | Path) -> int | None:
-    """The max_seq_length of a sentence-transformers folder (sentence_bert_config.json): the
-    tokens it reads per text, fewer than the model's positions (MiniLM: 256 of 512); else the
-    model_max_length of tokenizer_config.json, where transformers' tokenizer truncates."""
-    path = Path(folder) / "sentence_bert_config.json"
-    try:
-        value = json.loads(path.read_text(encoding="utf-8"))["max_seq_length"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return _tokenizer_max_len(Path(folder))
-    return _checked_length(value, path, "max_seq_length")  # -3 was ignored: 512 tokens read unsaid
-
-
-def _checked_length(value, path: Path, key: str) -> int | None:
-    """A folder's declared tokens per text: None where it declares none, else at least 3."""
-    if value is None:
-        return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 3:
-        raise BertkitError(f"{path}: {key} must be an integer of at least 3 ([CLS], a token, [SEP]), "
-                           f"got {json.dumps(value)}")
-    return value
-
-
-def _tokenizer_max_len(folder: Path) -> int | None:
-    """tokenizer_config.json's model_max_length; None where it is missing or transformers' "no
-    limit" (a huge sentinel, 1e30); a value that is no length is named."""
-    path = folder / "tokenizer_config.json"
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("model_max_length")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 1e9:
-        return None
-    return _checked_length(value, path, "model_max_length")
-
-
-def _pooling_config(folder: Path) -> dict | None:
-    """A sentence-transformers folder's Pooling config (modules.json -> its path/config.json)."""
-    try:
-        pooling = next(m for m in _modules(folder) if m.get("type", "").endswith("models.Pooling"))
-        cfg = json.loads((folder / pooling["path"] / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
-        return None
-    return cfg if isinstance(cfg, dict) else None
-
-
-def folder_pooling(folder: str | Path) -> str | None:
-    """The pooling a sentence-transformers folder declares (modules.json -> Pooling config)."""
-    cfg = _pooling_config(Path(folder))
-    if cfg is None:
-        return None
-    if cfg.get("pooling_mode_mean_tokens"):
-        return "mean"
-    if cfg.get("pooling_mode_cls_token"):
-        return "cls"
-    return None
-
-
-# the steps of a sentence-transformers pipeline that encode runs (Dropout does nothing at inference)
-ST_STEPS = ("models.Transformer", "models.Pooling", "models.Normalize", "models.Dropout")
-
-
-def unsupported_pooling(folder: str | Path) -> str | None:
-    """The pooling modes a sentence-transformers folder declares ("max_tokens", "cls_token +
-    mean_tokens") where they are other than one of cls and mean, which bertkit runs; else None."""
-    cfg = _pooling_config(Path(folder)) or {}
-    modes = sorted(k.removeprefix("pooling_mode_") for k, v in cfg.items() if k.startswith("pooling_mode_") and v)
-    return " + ".join(modes) if modes and modes not in (["cls_token"], ["mean_tokens"]) else None
-
-
-def folder_unsupported(folder: str | Path, modules: bool = True, pooling: bool = True) -> list[str]:
-    """What a sentence-transformers folder asks of its pipeline that encode does not do: a Dense
-    or other module after pooling (LaBSE's Dense + tanh), a pooling other than one of cls and
-    mean, lower-casing the text. Its vectors would differ from sentence-transformers' ones.
-    modules, pooling: False leaves those out (a classifier trains its own head on a pooling it
-    may be told)."""
-    folder = Path(folder)
-    found = [f"its {str(m.get('type')).rsplit('.', 1)[-1]} module ({m.get('path')})"
-             for m in _modules(folder) if modules and not str(m.get("type", "")).endswith(ST_STEPS)]
-    if pooling and (modes := unsupported_pooling(folder)):
-        found.append(f"its pooling ({modes})")
-    try:
-        lower = json.loads((folder / "sentence_bert_config.json").read_text(encoding="utf-8")).get("do_lower_case")
-    except (OSError, ValueError, AttributeError):
-        lower = False
-    if lower is True:
-        found.append("its do_lower_case (sentence_bert_config.json)")
-    return found
-
-
-def warn_unsupported(folder: str | Path, runs: str = "encodes",
-                     outcome: str = "its vectors differ from sentence-transformers' ones", **which: bool) -> None:
-    """A warning where folder_unsupported finds something (which: its modules and pooling
-    flags): the vectors are not silently other than the ones the folder's model card promises.
-    runs and outcome: what bertkit does without them, and what follows."""
-    found = folder_unsupported(folder, **which)
-    if found:
-        warnings.warn(f"{folder}: bertkit {runs} without {', '.join(found)}, which its sentence-transformers "
-                      f"pipeline declares: {outcome}", stacklevel=3)
-
-
-def pool(sequence_output, pooled_output, attention_mask, pooling: str):
-    """Sentence vectors (B, H) from torch tensors or numpy arrays alike."""
-    if pooling == "cls":
-        return sequence_output[:, 0]                               # (B, H)
-    if pooling == "pooler":
-        return pooled_output                                       # (B, H)
-    if pooling == "mean":  # masked mean over all tokens, specials included (sentence-transformers)
-        m = attention_mask[..., None] != 0                         # (B, T, 1)
-        return (sequence_output * m).sum(1) / m.sum(1).clip(min=1)
-    raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
 
 
 def _check_finite(rows) -> None:
@@ -257,16 +133,24 @@ class Encoder:
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 
-    def _runs(self, texts, pairs, batch_size: int, max_len: int | None,
-              truncation: bool) -> Iterator[tuple[list[int], Batch, tuple]]:
-        """Yield (input indices, batch, (sequence_output, pooled_output)) over length-sorted
-        batches: numpy arrays from ONNX Runtime, tensors from PyTorch."""
-        check_int(batch_size, "batch_size")
+    def _max_len(self, max_len: int | None) -> int:
         limit = self.model.config.max_position_embeddings
         max_len = min(self.default_max_len or limit, limit) if max_len is None else check_int(max_len, "max_len", 3)
         if max_len > limit:
             raise BertkitError(f"max length {max_len} exceeds the model's {limit} positions")
-        encs = self.tokenizer.encode_unpadded(texts, pairs, max_len, truncation)
+        return max_len
+
+    def _runs(self, texts, pairs, batch_size: int, max_len: int | None, truncation: bool,
+              where: Callable[[int], str] | None = None,
+              cut: list[int] | None = None) -> Iterator[tuple[list[int], Batch, tuple]]:
+        """Yield (input indices, batch, (sequence_output, pooled_output)) over length-sorted
+        batches: numpy arrays from ONNX Runtime, tensors from PyTorch. where(i) names text i in
+        errors; cut, where given, gets the indices of the texts truncated (and no warning is given)."""
+        check_int(batch_size, "batch_size")
+        encs = self.tokenizer.encode_unpadded(texts, pairs, self._max_len(max_len), truncation,
+                                              where=where if cut is not None else None)
+        if cut is not None:
+            cut.extend(i for i, e in enumerate(encs) if e.overflowing)
         # longest first: the first batch sizes the heap that the rest reuse (a third fewer page
         # faults than shortest first), and a batch too long for memory fails at once
         order = sorted(range(len(encs)), key=lambda i: -len(encs[i].ids))
@@ -283,6 +167,21 @@ class Encoder:
                 out = self.model(**batch.model_inputs(self.device))
                 yield idx, batch, (out.sequence_output, out.pooled_output)
 
+    def encode_chunk(self, texts: Sequence[str], pairs: Sequence[str] | None, pooling: str, batch_size: int,
+                     max_len: int | None, truncation: bool, normalize: bool,
+                     where: Callable[[int], str], cut: list[int]) -> np.ndarray:
+        """Sentence vectors of one chunk of texts, (len(texts), H) float32: its texts are sorted by
+        length and batched among themselves. encode() and a streamed file (encode_file.py) both
+        run chunks of CHUNK_BATCHES batches, so that they give the same vectors."""
+        out = np.empty((len(texts), self.hidden_size), dtype=np.float32)
+        for idx, batch, (seq, pooled) in self._runs(texts, pairs, batch_size, max_len, truncation, where, cut):
+            mask = batch.attention_mask if self.onnx else batch.attention_mask.to(self.device)
+            v = pool(seq, pooled, mask, pooling)
+            out[idx] = v if self.onnx else v.float().cpu().numpy()
+        if normalize:  # as torch's F.normalize: v / max(|v|, 1e-12)
+            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return out
+
     def encode(self, texts: Sequence[str], pairs: Sequence[str] | None = None, pooling: str | None = None,
                batch_size: int = 32, max_len: int | None = None, truncation: bool = True,
                normalize: bool | None = None) -> np.ndarray:
@@ -291,13 +190,22 @@ class Encoder:
         normalize = self.default_normalize if normalize is None else normalize
         if pooling not in POOLINGS:
             raise BertkitError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
-        out = np.empty((len(texts), self.hidden_size), dtype=np.float32)
-        for idx, batch, (seq, pooled) in self._runs(texts, pairs, batch_size, max_len, truncation):
-            mask = batch.attention_mask if self.onnx else batch.attention_mask.to(self.device)
-            v = pool(seq, pooled, mask, pooling)
-            out[idx] = v if self.onnx else v.float().cpu().numpy()
-        if normalize:  # as torch's F.normalize: v / max(|v|, 1e-12)
-            out /= np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        check_int(batch_size, "batch_size")
+        if isinstance(texts, str) or isinstance(pairs, str) or not len(texts):
+            self.tokenizer.encode_unpadded(texts, pairs)  # its error: one string, or an empty list
+        if pairs is not None and len(pairs) != len(texts):
+            raise BertkitError(f"{len(texts)} texts but {len(pairs)} text pairs")
+        step, cut, parts = batch_size * CHUNK_BATCHES, [], []
+        for s in range(0, len(texts), step):
+            chunk_cut: list[int] = []
+            parts.append(self.encode_chunk(texts[s:s + step], None if pairs is None else pairs[s:s + step], pooling,
+                                           batch_size, max_len, truncation, normalize,
+                                           where=lambda i, s=s: f"text {s + i}", cut=chunk_cut))
+            cut += [s + i for i in chunk_cut]
+        if cut:
+            warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {self._max_len(max_len)} tokens were "
+                          f"truncated (first: text {cut[0]})", stacklevel=2)
+        out = np.concatenate(parts)
         _check_finite(out)
         return out
 

@@ -155,7 +155,7 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
     tokenizer = load_tokenizer(folder)
     bert, _ = load_model(folder, heads=False, quiet=True)
     bert.eval()
-    from ..finetune import fine_tuned_task, load_task_model
+    from ..tasks.folder import fine_tuned_task, load_task_model
     # a fine-tuned folder's head is read before anything is written: a damaged one left a
     # half-made --out behind, which then refused the retry
     task, task_model, _ = load_task_model(folder, device="cpu") if fine_tuned_task(folder) else (None, None, None)

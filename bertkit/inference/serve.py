@@ -17,15 +17,17 @@ import base64
 import errno
 import itertools
 import json
+import math
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Awaitable, Callable, Literal, Union
 
 import numpy as np
 import torch
+from fastapi import Request  # module level: FastAPI resolves the endpoints' string annotations here
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 from pydantic_core import PydanticCustomError
 
@@ -62,9 +64,11 @@ class ServeConfig:
     max_tokens: int | None = None
     max_attention_tokens: int = 128    # /attention returns L x heads x T x T weights: kept small
     max_top_k: int = 100
+    max_queue: int = 64                # requests in the server at once; past it, 503 with Retry-After
 
     def check(self) -> None:
-        for name in ("port", "batch_tokens", "max_body_bytes", "max_texts", "max_attention_tokens", "max_top_k"):
+        for name in ("port", "batch_tokens", "max_body_bytes", "max_texts", "max_attention_tokens", "max_top_k",
+                     "max_queue"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "port" else 1):
                 raise BertkitError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
@@ -82,9 +86,10 @@ class ServeConfig:
 class RequestError(Exception):
     """A client error: its HTTP status and a message that names the field or the limit."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status = status
+        self.headers = headers
 
 
 # ---------------------------------------------------------------- the model behind the server
@@ -101,10 +106,10 @@ class Served:
         self.name = self.folder.resolve().name
         warn_unsupported(self.folder)
         self.task = self.task_model = self.mlm_model = None
-        from ..finetune import fine_tuned_task, load_task_model
+        from ..tasks.folder import fine_tuned_task, load_task_model
         if fine_tuned_task(self.folder):
             self.task, self.task_model, self.tokenizer = load_task_model(self.folder, device="cpu")
-            from ..finetune import task_max_len
+            from ..tasks.folder import task_max_len
             self.max_len = task_max_len(self.task, self.task_model, None)  # what /predict reads of a text
             body = self.task_model.bert
         else:
@@ -170,7 +175,7 @@ class Served:
         return fill_mask(self.mlm_model, self.tokenizer, items, top_k=key[1])
 
     def run_predict(self, key: tuple, items: list) -> list:
-        from ..finetune import run_task
+        from ..tasks.runner import run_task
         feats = self.task.features(items, self.tokenizer, self.max_len)
         preds, _ = run_task(self.task, self.task_model, feats, items, self.tokenizer)
         return [self.task.describe(p, ex) for p, ex in zip(preds, items)]
@@ -226,6 +231,17 @@ class Served:
             else:
                 raise RequestError(422, f"inputs[{i}]: the {self.task.name} task takes strings"
                                         + (" or {\"text\", \"text_pair\"} objects" if self.task.name == "classify" else ""))
+        # a classifier fine-tuned on single texts given pairs, or the reverse, reads inputs it never
+        # saw: refused, as `bertkit predict` and `evaluate` refuse them
+        kind = self.task.info.get("inputs") if self.task.name == "classify" else None
+        if kind in ("texts", "pairs"):
+            other = [i for i, p in enumerate(pairs) if (p is not None) != (kind == "pairs")]
+            if other:
+                raise RequestError(422, f"inputs[{other[0]}]: " + ("a single text" if kind == "pairs" else
+                                                                   "a text pair (text_pair)")
+                                   + ", but the model was fine-tuned on " + ("text pairs" if kind == "pairs" else
+                                                                             "single texts")
+                                   + f"; {len(other)} such input(s)")
         examples = self.task.read_inputs(texts=texts)
         for ex, pair in zip(examples, pairs):
             if pair is not None:
@@ -235,17 +251,29 @@ class Served:
 
 # ---------------------------------------------------------------- dynamic batching
 
+class ClientGone(Exception):
+    """The client closed its connection before its answer: nothing is sent."""
+
+
 class Batcher:
     """Joins concurrent requests into model calls. A request is (key, items, tokens); requests
-    with the same key can share a call, whose results are split back in order."""
+    with the same key can share a call, whose results are split back in order.
+
+    Work nobody waits for is dropped: a request whose client has gone is taken out of the queue
+    before its model call (60 abandoned 256-text requests made a one-word request behind them wait
+    221 s). And the queue is bounded: past max_queue requests in the server, a new one is
+    answered 503 with Retry-After (the seconds the work ahead of it takes at the measured speed)."""
 
     def __init__(self, run: Callable[[tuple, list], list], window_s: float, max_tokens: int,
-                 enabled: bool, on_batch: Callable[[int, int], None]):
+                 enabled: bool, on_batch: Callable[[int, int], None], max_queue: int = 64,
+                 on_abandoned: Callable[[], None] = lambda: None):
         self.run, self.window_s, self.max_tokens, self.enabled = run, window_s, max_tokens, enabled
-        self.on_batch = on_batch
+        self.on_batch, self.on_abandoned, self.max_queue = on_batch, on_abandoned, max_queue
         self.executor: ThreadPoolExecutor | None = None
         self.queue: asyncio.Queue | None = None
         self.worker: asyncio.Task | None = None
+        self.in_server, self.tokens_in_server = 0, 0
+        self.seconds_per_token = None  # measured over the model calls
 
     def start(self) -> None:
         # one model thread: calls never overlap, and the tokenizer is only ever used from it
@@ -258,14 +286,53 @@ class Batcher:
             self.worker.cancel()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
-    async def submit(self, key: tuple, items: list, tokens: int) -> list:
+    async def submit(self, key: tuple, items: list, tokens: int,
+                     gone: Callable[[], Awaitable[bool]] | None = None) -> list:
+        """The results of items; gone() says whether the client has left (ClientGone then)."""
+        if self.in_server >= self.max_queue:
+            wait = max(1, math.ceil(self.tokens_in_server * (self.seconds_per_token or 0.0)))
+            raise RequestError(503, f"the server is busy: {self.in_server} requests are in it (--max-queue "
+                                    f"{self.max_queue}); retry in {wait} s", headers={"Retry-After": str(wait)})
         loop = asyncio.get_running_loop()
-        if not self.enabled:
-            self.on_batch(len(items), tokens)
-            return await loop.run_in_executor(self.executor, self.run, key, items)
-        future = loop.create_future()
-        await self.queue.put((key, items, tokens, future))
-        return await future
+        self.in_server += 1
+        self.tokens_in_server += tokens
+        try:
+            if not self.enabled:
+                future = loop.run_in_executor(self.executor, self._timed, key, items, tokens)
+            else:
+                future = loop.create_future()
+                self.queue.put_nowait((key, items, tokens, future))
+            return await self._wait(future, gone)
+        finally:
+            self.in_server -= 1
+            self.tokens_in_server -= tokens
+
+    async def _wait(self, future: asyncio.Future, gone) -> list:
+        if gone is None:
+            return await future
+        watch = asyncio.ensure_future(self._watch(gone))
+        try:
+            await asyncio.wait({future, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if future.done():
+            return future.result()
+        future.cancel()  # a queued request is skipped by the worker; an executor job not started is cancelled
+        self.on_abandoned()
+        raise ClientGone
+
+    @staticmethod
+    async def _watch(gone) -> None:
+        while not await gone():
+            await asyncio.sleep(0.05)
+
+    def _timed(self, key: tuple, items: list, tokens: int) -> list:
+        """The model call (on the model thread), its speed kept for Retry-After."""
+        self.on_batch(len(items), tokens)
+        start = time.perf_counter()
+        results = self.run(key, items)
+        self.seconds_per_token = (time.perf_counter() - start) / max(tokens, 1)
+        return results
 
     async def _work(self) -> None:
         loop = asyncio.get_running_loop()
@@ -293,10 +360,12 @@ class Batcher:
                         future.set_exception(e)
 
     async def _run_group(self, loop, key, requests) -> None:
+        requests = [r for r in requests if not r[3].done()]  # their clients have gone: nobody waits
+        if not requests:
+            return
         items = [item for r in requests for item in r[1]]
-        self.on_batch(len(items), sum(r[2] for r in requests))
         try:
-            results = await loop.run_in_executor(self.executor, self.run, key, items)
+            results = await loop.run_in_executor(self.executor, self._timed, key, items, sum(r[2] for r in requests))
         except Exception as e:  # noqa: BLE001 - handed to the waiting requests
             if len(requests) > 1:  # one bad request must not fail the others: run each alone
                 for r in requests:
@@ -305,7 +374,7 @@ class Batcher:
             results, error = None, e
         start = 0
         for _, its, _, future in requests:
-            if future.done():  # the client went away
+            if future.done():  # the client went away during the call
                 start += len(its)
                 continue
             if results is None:
@@ -384,7 +453,6 @@ class AttentionRequest(Strict):
 # ---------------------------------------------------------------- the app
 
 def create_app(cfg: ServeConfig, served: Served | None = None):
-    from fastapi import Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import HTMLResponse, JSONResponse, Response
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
@@ -430,8 +498,10 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
         tokens_total.inc(n_tokens)
 
     runs = {"encode": "run_encode", "fill-mask": "run_fill_mask", "predict": "run_predict", "attention": "run_attention"}
+    abandoned = Counter("bertkit_abandoned_requests", "requests whose client left before their answer; their queued "
+                        "work is dropped", registry=registry)
     batcher = Batcher(lambda key, items: getattr(served, runs[key[0]])(key, items), cfg.batch_window_ms / 1000,
-                      cfg.batch_tokens, cfg.batching, on_batch)
+                      cfg.batch_tokens, cfg.batching, on_batch, cfg.max_queue, abandoned.inc)
 
     from contextlib import asynccontextmanager
 
@@ -450,7 +520,11 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     # ---- errors: every one a JSON object with "error" (what is wrong) ----
     @app.exception_handler(RequestError)
     async def request_error(request: Request, e: RequestError):
-        return ErrorResponse({"error": str(e)}, status_code=e.status)
+        return ErrorResponse({"error": str(e)}, status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, e: ClientGone):
+        return Response(status_code=499)  # nginx's "client closed request": nobody reads it, the metrics count it
 
     @app.exception_handler(BertkitError)
     async def bertkit_error(request: Request, e: BertkitError):
@@ -489,19 +563,11 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
     # ---- body size and metrics, around every request ----
     app.add_middleware(_BodyLimit, max_bytes=cfg.max_body_bytes)
 
-    @app.middleware("http")
-    async def measure(request: Request, call_next):
-        start = time.perf_counter()
-        endpoint = request.url.path if request.url.path in KNOWN_PATHS else "other"
-        try:
-            response = await call_next(request)
-        except Exception:  # answered 500 by the handler above, outside this middleware: counted here
-            requests_total.labels(endpoint, "500").inc()
-            latency.labels(endpoint).observe(time.perf_counter() - start)
-            raise
-        requests_total.labels(endpoint, str(response.status_code)).inc()
-        latency.labels(endpoint).observe(time.perf_counter() - start)
-        return response
+    def record(path: str, status: int, seconds: float) -> None:
+        endpoint = path if path in KNOWN_PATHS else "other"
+        requests_total.labels(endpoint, str(status)).inc()
+        latency.labels(endpoint).observe(seconds)
+    app.add_middleware(_Measure, record=record)
 
     async def check_texts(texts: list[str], pairs: list[str] | None, field: str, limit: int = max_tokens,
                           pair_field: str = "text_pairs", limit_name: str | None = None) -> int:
@@ -546,18 +612,18 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
 
     # ---- endpoints ----
     @app.post("/encode", summary="sentence vectors of texts or text pairs")
-    async def encode(body: EncodeRequest):
+    async def encode(body: EncodeRequest, request: Request):
         tokens = await check_texts(body.texts, body.text_pairs, "texts")
         pooling = body.pooling or served.encoder.default_pooling
         normalize = served.encoder.default_normalize if body.normalize is None else body.normalize
         pairs = body.text_pairs or [None] * len(body.texts)
         key = ("encode", pooling, normalize, body.text_pairs is not None)
-        vectors = await batcher.submit(key, list(zip(body.texts, pairs)), tokens)
+        vectors = await batcher.submit(key, list(zip(body.texts, pairs)), tokens, request.is_disconnected)
         return await json_answer({"vectors": [v.tolist() for v in vectors], "pooling": pooling,
                                   "normalized": normalize, "dimensions": served.config.hidden_size, "tokens": tokens})
 
     @app.post("/v1/embeddings", summary="OpenAI-compatible embeddings (unit length, the folder's pooling)")
-    async def embeddings(body: EmbeddingsRequest):
+    async def embeddings(body: EmbeddingsRequest, request: Request):
         texts = [body.input] if isinstance(body.input, str) else body.input
         if not texts:
             raise RequestError(422, "input: must not be empty")
@@ -569,7 +635,8 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
                                     f"not {body.dimensions}")
         tokens = await check_texts(texts, None, "input")
         pooling = served.encoder.default_pooling
-        vectors = await batcher.submit(("encode", pooling, True, False), [(t, None) for t in texts], tokens)
+        vectors = await batcher.submit(("encode", pooling, True, False), [(t, None) for t in texts], tokens,
+                                       request.is_disconnected)
         if body.encoding_format == "base64":
             rows = [base64.b64encode(np.asarray(v, dtype="<f4").tobytes()).decode() for v in vectors]
         else:
@@ -579,7 +646,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
                                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
 
     @app.post("/fill-mask", summary="top predictions for each [MASK] in each text")
-    async def fill_mask(body: FillMaskRequest):
+    async def fill_mask(body: FillMaskRequest, request: Request):
         if served.mlm_model is None:
             raise RequestError(400, f"{served.name} has no trained MLM head (no cls.predictions.* weights"
                                     + (f"; it is fine-tuned for {served.task.name}" if served.task else "")
@@ -602,13 +669,13 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             raise RequestError(413, f"{field}: {masks} [MASK] tokens x top_k {body.top_k} = {masks * body.top_k} "
                                     f"answers, over the limit of {MAX_FILL_MASK_ANSWERS} per request; send fewer "
                                     "[MASK] tokens or a smaller top_k")
-        results = await batcher.submit(("fill-mask", body.top_k), list(texts), tokens)
+        results = await batcher.submit(("fill-mask", body.top_k), list(texts), tokens, request.is_disconnected)
         if body.text is not None:  # the fixed contract's form
             return {"predictions": results[0]}
         return {"results": [{"text": t, "masks": r} for t, r in zip(texts, results)]}
 
     @app.post("/predict", summary="the folder's fine-tuned task: classify, ner, tag, qa, summarize or word")
-    async def predict(body: PredictRequest):
+    async def predict(body: PredictRequest, request: Request):
         if served.task is None:
             raise RequestError(400, f"{served.name} is not fine-tuned for a task (its bertkit.json names none): "
                                     "use /encode, /fill-mask or /attention")
@@ -635,14 +702,15 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
             pairs = [None if isinstance(x, str) else x.get("text_pair") for x in body.inputs]
             tokens = await check_texts(texts, pairs if any(p is not None for p in pairs) else None, "inputs",
                                        limit, limit_name=limit_name)
-        results = await batcher.submit(("predict",), examples, tokens)
+        results = await batcher.submit(("predict",), examples, tokens, request.is_disconnected)
         return {"task": served.task.name, "predictions": results}
 
     @app.post("/attention", summary="attention weights of every layer and head")
-    async def attention(body: AttentionRequest):
+    async def attention(body: AttentionRequest, request: Request):
         tokens = await check_texts([body.text], [body.text_pair] if body.text_pair is not None else None, "text",
                                    max_attention_tokens, "text_pair", limit_name=attention_limit_name)
-        [result] = await batcher.submit(("attention", next(attention_calls)), [(body.text, body.text_pair)], tokens)
+        [result] = await batcher.submit(("attention", next(attention_calls)), [(body.text, body.text_pair)], tokens,
+                                        request.is_disconnected)
         return await json_answer({"layers": served.config.num_hidden_layers,
                                   "heads": served.config.num_attention_heads, **result})
 
@@ -668,6 +736,28 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
                    "/metrics", "/"}
     app.state.served = served
     return app
+
+
+class _Measure:
+    """Every answer counted by endpoint and status, with its latency. A plain ASGI middleware:
+    through Starlette's BaseHTTPMiddleware an endpoint never saw its client leave."""
+
+    def __init__(self, app, record: Callable[[str, int, float], None]):
+        self.app, self.record = app, record
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, sending)
+        finally:  # an exception is answered 500 by the handler outside this middleware: counted here
+            self.record(scope["path"], status[0], time.perf_counter() - start)
 
 
 class _BodyLimit:

@@ -130,7 +130,7 @@ def _files_documents(files: Iterable[Path], per_file: bool = False, per_line: bo
     # read a file at a time; with per_file a file is one text; a task file's rows are its texts
     texts = (t for p in files for t in (task_file_texts(p) if is_task_file(p) else
                                          [_read(p)] if per_file else _document_texts(p)))
-    documents = map(_lines, texts) if per_line else map_texts("sentences", texts)
+    documents = map(_lines, texts) if per_line else map_texts(split_sentences, texts)
     return (sentences for sentences in documents if sentences)
 
 
@@ -199,7 +199,7 @@ def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
                     raise BertkitError(f"{path}: not gzip-compressed UTF-8 text ({e})") from None
             else:
                 yield _read(path)
-    return (sentences for sentences in map_texts("rest", texts()) if len(sentences) >= 2)
+    return (sentences for sentences in map_texts(_rest_sentences, texts()) if len(sentences) >= 2)
 
 
 def _rest_sentences(text: str) -> list[str]:
@@ -339,7 +339,7 @@ def wiki_documents() -> Iterator[Document]:
             for _title, raw, _pageid in extract_pages(f, filter_namespaces=("0",)):
                 if raw.strip() and not raw.lstrip().upper().startswith("#REDIRECT"):
                     yield raw
-    return (sentences for sentences in map_texts("wiki", articles()) if sentences)
+    return (sentences for sentences in map_texts(_wiki_sentences, articles()) if sentences)
 
 
 def _wiki_sentences(raw: str) -> list[str]:
@@ -348,6 +348,3 @@ def _wiki_sentences(raw: str) -> list[str]:
     # Lone quotes, brackets and years split off by pysbd carry nothing to learn.
     return [s for s in sentences if any(c.isalpha() for c in s)]
 
-
-# what split_workers.map_texts runs, by name (in this process or in its workers)
-SPLITTERS = {"sentences": split_sentences, "wiki": _wiki_sentences, "rest": _rest_sentences}

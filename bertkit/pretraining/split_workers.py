@@ -3,12 +3,13 @@
 pysbd is pure Python, and splitting is most of a corpus's preparation: one process splits about
 275 k characters a second (a Zen 4 core), so a 1 GB corpus would take an hour per pass. A corpus
 past PARALLEL_CHARS is split by one worker per core. The workers are plain
-`python -m bertkit.pretraining.split_workers NAME` processes fed batches of texts through their
+`python -m bertkit.pretraining.split_workers MODULE:FUNCTION` processes fed batches of texts through their
 pipes, not multiprocessing's: forking a process that holds torch's and tokenizers' threads is
 unsafe, and multiprocessing's spawn runs the caller's main script again in every worker.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import signal
@@ -16,7 +17,7 @@ import struct
 import subprocess
 import sys
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from ..errors import BertkitError
 
@@ -49,16 +50,17 @@ def _recv(f):
     return pickle.loads(data)
 
 
-def _functions() -> dict:
-    from . import corpus  # here, not at the top: corpus imports this module
-    return corpus.SPLITTERS
+def _function(path: str) -> Callable:
+    """The function "module:name" names (a worker imports its module by name)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
-def map_texts(name: str, texts: Iterable[str], workers: int | None = None) -> Iterator:
-    """corpus.SPLITTERS[name](text) for each text, lazily and in order: the first PARALLEL_CHARS
-    characters in this process, the rest in `workers` processes (default: one per core), each with
-    one batch of about BATCH_CHARS characters at a time."""
-    fn = _functions()[name]
+def map_texts(fn: Callable[[str], object], texts: Iterable[str], workers: int | None = None) -> Iterator:
+    """fn(text) for each text, lazily and in order: the first PARALLEL_CHARS characters in this
+    process, the rest in `workers` processes (default: one per core), each with one batch of about
+    BATCH_CHARS characters at a time. fn is a module-level function: the workers import it by name."""
+    name = f"{fn.__module__}:{fn.__qualname__}"
     workers = worker_count() if workers is None else workers
     texts, chars = iter(texts), 0
     for text in texts:  # the first PARALLEL_CHARS here, as they come (a small corpus streams as read)
@@ -129,7 +131,7 @@ def _serve(name: str) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # the pipe carries results only: anything printed goes to stderr
-    fn = _functions()[name]
+    fn = _function(name)
     while True:
         try:
             batch = _recv(stdin)

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..inference.encode import folder_pooling, pool, unsupported_pooling, warn_unsupported
 from ..errors import BertkitError
 from ..inputs import read_text_inputs
+from ..pooling import folder_pooling, pool, unsupported_pooling, warn_unsupported
 from .base import Task, bert_inputs, one_of, pad, probability
 
 

@@ -1,0 +1,52 @@
+"""What the benchmarks share: the machine they ran on (machine.cpu_name), a matmul's peak speed
+to take shares of, figures as median with min and max, and results written as JSON."""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from machine import cpu_name  # noqa: F401 - re-exported: one import for a benchmark
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32, kernel: str = "mm",
+                device: str | torch.device = "cpu") -> float:
+    """Best GFLOP/s of an n x n matmul in dtype on this machine, now: torch's mm (MKL for fp32
+    on a CPU, cuBLAS on a GPU), or kernel="onednn", oneDNN's inner product, which bertkit's fp32
+    linear layers run on CPUs with AVX-512 (model.ONEDNN_LINEAR)."""
+    device = torch.device(device)
+    a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
+    run = (lambda: a @ b) if kernel == "mm" else (lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+    for _ in range(2):
+        run()
+    _sync(device)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        run()
+        _sync(device)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e9
+
+
+def spread(values: list[float]) -> dict:
+    """A figure as the benchmarks report it: the median, with min and max, of its runs."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": list(values)}
+
+
+def write_result(name: str, result: dict, folder: str | Path = RESULTS) -> Path:
+    """results/NAME.json, with the date and the CPU it was measured on."""
+    path = Path(folder) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), **result}, indent=2) + "\n")
+    return path
