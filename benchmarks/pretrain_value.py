@@ -108,8 +108,14 @@ def pretrain(preset: str, minutes: int, extra: list[str], name: str | None = Non
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
     summary = json.loads((out / "summary.json").read_text())
     record(key, {"seconds": time.perf_counter() - t0, "steps": summary.get("steps"),
-                 "eval": {k: v for k, v in summary.items() if k.startswith("eval_") and isinstance(v, (int, float))},
+                 "eval": _final_eval(summary),
                  "command": " ".join(cmd[1:])})
+
+
+def _final_eval(summary: dict) -> dict:
+    """The held-out figures of a run's summary.json (under final_eval; at the top in older runs)."""
+    figures = summary.get("final_eval") or summary
+    return {k: v for k, v in figures.items() if k.startswith("eval_") and isinstance(v, (int, float))}
 
 
 # ---- fine-tuning ----

@@ -63,22 +63,15 @@ def _output_lock(args):
     return output_lock(path, f"bertkit {command}", flag)
 
 
-def _write_error(path, e: OSError) -> str:
-    full = e.errno in (errno.ENOSPC, errno.EDQUOT) or "requested and" in str(e)  # numpy's short write has no errno
-    return (f"no space left on device while writing {path}; nothing was written there" if full
-            else f"cannot write {path} ({e.strerror or e})")
-
-
 def cmd_encode(args) -> None:
-    """Streamed into OUTPUT.partial, chunk by chunk, and resumable (inference/encode_file.py);
-    under torchrun the ranks share the chunks and write the one file."""
+    """Streamed and resumable; under torchrun the ranks share the corpus (inference/encode_file.py)."""
     from .config import check_max_len, load_config
-    from .inference.encode import Encoder, folder_normalize, folder_pooling  # torch only for --backend torch
-    from .inference.encode_file import (EncodeOptions, Stop, check_options, finish, interrupted, prepare, run_chunks,
-                                        warn_truncated)
+    from .inference.encode import Encoder  # imports torch only for --backend torch
+    from .inference.encode_file import encode_file
     from .outputs import check_output_file
 
-    # every option, the output path, the model folder and the input are checked before any work
+    # every option, the output path and the model folder are checked before any work (the input
+    # is, in encode_file, before a file is made)
     output = Path(args.output)
     if output.suffix != ".npy":
         raise BertkitError(f"--output {output}: expected a .npy file name")
@@ -88,56 +81,20 @@ def cmd_encode(args) -> None:
     config = load_config(args.model)
     if args.max_len is not None:
         check_max_len(args.max_len, config)
-    normalize = folder_normalize(args.model) if args.normalize is None else args.normalize
-    options = EncodeOptions(str(Path(args.model).resolve()), args.pooling or folder_pooling(args.model) or "cls",
-                            normalize, args.max_len, not args.no_truncation, args.batch_size, args.dtype,
-                            args.backend, args.precision)
-    check_options(options)
     procs = None
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from .training.distributed import init_processes
         procs = init_processes()
-    rank, world = (procs.rank, procs.world) if procs else (0, 1)
-    # before OUTPUT.partial is made: a folder that cannot be read leaves nothing behind
     encoder = Encoder.from_folder(args.model, device=procs.device if procs else None, precision=args.precision,
                                   backend=args.backend)
-    plan = None
-    if rank == 0:
-        try:
-            plan = prepare(args.input, output, options, config.hidden_size, args.resume, args.overwrite)
-        except BertkitError as e:
-            if procs:
-                procs.broadcast(str(e))
-            raise
-    if procs:
-        plan = procs.broadcast(plan)
-        if isinstance(plan, str):  # rank 0 refused the input or the output, and says why
-            raise SystemExit(2)
-    # a bar for a corpus, not for a few texts (one chunk: seconds)
-    truncated, first_cut = run_chunks(encoder, plan, options, rank, world, progress=rank == 0 and plan.scan.chunks > 1)
-    if procs:  # every rank's chunks are on disk before rank 0 renames the file
-        with Stop():
-            try:
-                procs.barrier(long=True)
-                counts = procs.gather((truncated, first_cut))
-            except (KeyboardInterrupt, Interrupted) as e:
-                raise interrupted(plan, e) from None
-            except RuntimeError as e:
-                raise BertkitError(f"rank {rank} of {world}: lost the other processes ({str(e).splitlines()[0][:160]}); "
-                                   f"a rank or node stopped. The chunks done are kept in {plan.folder}: "
-                                   "--resume encodes the rest (in as many processes, or another count)") from None
-            truncated = sum(n for n, _ in counts)
-            first_cut = min((line for _, line in counts if line), default=None)
-    if rank != 0:
+    n = encode_file(encoder, args.input, output, args.pooling, args.batch_size, args.max_len, not args.no_truncation,
+                    args.normalize, args.dtype, args.resume, args.overwrite, model=str(Path(args.model).resolve()),
+                    backend=args.backend, procs=procs)
+    if procs and not procs.main:
         return
-    warn_truncated(truncated, first_cut, plan.scan, encoder._max_len(args.max_len))
-    try:
-        finish(plan, output)
-    except OSError as e:
-        raise BertkitError(_write_error(output, e)) from None
-    n = plan.scan.rows
+    normalized = encoder.default_normalize if args.normalize is None else args.normalize
     print(f"bertkit: wrote {n} vector{'' if n == 1 else 's'} of size {config.hidden_size} "
-          f"({options.pooling} pooling{', unit length' if normalize else ''}"
+          f"({args.pooling or encoder.default_pooling} pooling{', unit length' if normalized else ''}"
           f"{', float16' if args.dtype == 'float16' else ''}) to {output}")
 
 

@@ -589,3 +589,33 @@ def test_csv_labels_become_ints_only_as_an_int_prints_them(tmp_path):
     (tmp_path / "b.csv").write_text("text,label\ngood,1\nbad,-2\nmeh,0\n")
     assert [r["label"] for r in read_classify(tmp_path / "a.csv")] == ["01", "02"]
     assert [r["label"] for r in read_classify(tmp_path / "b.csv")] == [1, -2, 0]
+
+
+def _streamed(path: Path):
+    """encode's reading of a file: one scan, then chunk by chunk (3 rows each, to cross chunks)."""
+    from bertkit.inputs import TextInputs, read_chunk, scan_text_inputs
+    scan = scan_text_inputs(path, 3)
+    parts = [read_chunk(scan, c) for c in range(scan.chunks)]
+    return TextInputs([t for p in parts for t in p.texts],
+                      [t for p in parts for t in p.pairs] if scan.pairs else None)
+
+
+@pytest.mark.parametrize("suffix", ["txt", "jsonl"])
+@SETTINGS
+@given(data=st.data())
+def test_the_streamed_scan_reads_what_the_whole_file_reader_reads(tmp_path_factory, suffix, data):
+    """scan_text_inputs + read_chunk (encode's reader: constant memory) against read_text_inputs
+    (the whole file at once, rows as encode must write them): both refuse a file, or both read the
+    same texts and pairs; valid files, valid files cut short, any text, any bytes."""
+    from bertkit.inputs import read_text_inputs
+    valid = data.draw(input_files(suffix)).text.encode("utf-8")
+    blob = data.draw(st.one_of(st.just(valid), st.integers(0, len(valid)).map(lambda n: valid[:n]),
+                               st.text().map(lambda t: t.encode("utf-8")), st.binary(max_size=300),
+                               st.lists(LINE, max_size=6).map(lambda ls: "\n".join(ls).encode("utf-8"))))
+    path = _write(tmp_path_factory, f"inputs.{suffix}", blob)
+    whole, whole_err = _outcome(lambda p: read_text_inputs(p, blank_lines="refuse"), path)
+    streamed, streamed_err = _outcome(_streamed, path)
+    assert (whole_err is None) == (streamed_err is None), (whole_err, streamed_err)
+    if whole is not None:
+        assert streamed == whole
+        assert len(whole.texts) > 0  # a successful parse holds texts, row for row

@@ -133,7 +133,8 @@ class Encoder:
     def hidden_size(self) -> int:
         return self.model.config.hidden_size
 
-    def _max_len(self, max_len: int | None) -> int:
+    def tokens_per_text(self, max_len: int | None) -> int:
+        """The tokens a text is read to: max_len, else the folder's default, within the positions."""
         limit = self.model.config.max_position_embeddings
         max_len = min(self.default_max_len or limit, limit) if max_len is None else check_int(max_len, "max_len", 3)
         if max_len > limit:
@@ -147,7 +148,7 @@ class Encoder:
         batches: numpy arrays from ONNX Runtime, tensors from PyTorch. where(i) names text i in
         errors; cut, where given, gets the indices of the texts truncated (and no warning is given)."""
         check_int(batch_size, "batch_size")
-        encs = self.tokenizer.encode_unpadded(texts, pairs, self._max_len(max_len), truncation,
+        encs = self.tokenizer.encode_unpadded(texts, pairs, self.tokens_per_text(max_len), truncation,
                                               where=where if cut is not None else None)
         if cut is not None:
             cut.extend(i for i, e in enumerate(encs) if e.overflowing)
@@ -203,7 +204,7 @@ class Encoder:
                                            where=lambda i, s=s: f"text {s + i}", cut=chunk_cut))
             cut += [s + i for i in chunk_cut]
         if cut:
-            warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {self._max_len(max_len)} tokens were "
+            warnings.warn(f"{len(cut)} of {len(texts)} text(s) longer than {self.tokens_per_text(max_len)} tokens were "
                           f"truncated (first: text {cut[0]})", stacklevel=2)
         out = np.concatenate(parts)
         _check_finite(out)

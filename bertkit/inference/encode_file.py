@@ -39,6 +39,7 @@ from ..inputs import InputScan, read_chunk, scan_text_inputs
 from .encode import CHUNK_BATCHES, POOLINGS
 
 if TYPE_CHECKING:
+    from ..training.distributed import Processes
     from .encode import Encoder
 
 DTYPES = ("float32", "float16")
@@ -316,33 +317,64 @@ def finish(plan: Plan, output: Path) -> None:
     if missing:
         raise BertkitError(f"{len(missing)} chunk(s) of {plan.folder} were not encoded (a rank stopped): "
                            "--resume encodes them")
-    vectors = plan.folder / "vectors.npy"
-    os.replace(vectors, output)
-    dir_fd = os.open(output.parent, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+        os.replace(plan.folder / "vectors.npy", output)
+        dir_fd = os.open(output.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError as e:
+        raise _write_error(output, e, kept=True) from None
     shutil.rmtree(plan.folder)
 
 
 def encode_file(encoder: Encoder, input: str | Path, output: str | Path, pooling: str | None = None,
                 batch_size: int = 32, max_len: int | None = None, truncation: bool = True,
                 normalize: bool | None = None, dtype: str = "float32", resume: bool = False,
-                overwrite: bool = False, progress: bool = True, model: str = "",
-                backend: str = "torch") -> int:
-    """Vectors of every text of a .txt or .jsonl file, row i for line i, into the .npy `output`,
-    in one process (the CLI runs the torchrun path). Returns the number of rows."""
+                overwrite: bool = False, progress: bool = True, model: str = "", backend: str = "torch",
+                procs: Processes | None = None) -> int:
+    """Vectors of every text of a .txt or .jsonl file, row i for line i, into the .npy `output`.
+    procs (training.distributed.init_processes under torchrun): the ranks share the chunks and
+    rank 0 writes OUTPUT. model, backend: recorded, so that a resumed run must name the same.
+    Returns the number of rows."""
     from ..outputs import check_output_file
     output = check_output_file(output, overwrite)
     options = EncodeOptions(model, pooling or encoder.default_pooling,
                             encoder.default_normalize if normalize is None else normalize,
                             max_len, truncation, batch_size, dtype, backend, encoder.precision)
     check_options(options)
-    plan = prepare(input, output, options, encoder.hidden_size, resume, overwrite)
-    truncated, first_cut = run_chunks(encoder, plan, options, progress=progress)
-    warn_truncated(truncated, first_cut, plan.scan, encoder._max_len(max_len))
-    finish(plan, output)
+    rank, world = (procs.rank, procs.world) if procs else (0, 1)
+    plan = None
+    if rank == 0:
+        try:
+            plan = prepare(input, output, options, encoder.hidden_size, resume, overwrite)
+        except BertkitError as e:
+            if procs:
+                procs.broadcast(str(e))
+            raise
+    if procs:
+        plan = procs.broadcast(plan)
+        if isinstance(plan, str):  # rank 0 refused the input or the output, and says why
+            raise SystemExit(2)
+    # a bar for a corpus, not for a few texts (one chunk: seconds)
+    truncated, first_cut = run_chunks(encoder, plan, options, rank, world, progress and rank == 0 and plan.scan.chunks > 1)
+    if procs:  # every rank's chunks are on disk before rank 0 renames the file
+        with Stop():
+            try:
+                procs.barrier(long=True)
+                counts = procs.gather((truncated, first_cut))
+            except (KeyboardInterrupt, Interrupted) as e:
+                raise interrupted(plan, e) from None
+            except RuntimeError as e:
+                raise BertkitError(f"rank {rank} of {world}: lost the other processes ({str(e).splitlines()[0][:160]}); "
+                                   f"a rank or node stopped. The chunks done are kept in {plan.folder}: "
+                                   "--resume encodes the rest (in as many processes, or another count)") from None
+            truncated = sum(n for n, _ in counts)
+            first_cut = min((line for _, line in counts if line), default=None)
+    if rank == 0:
+        warn_truncated(truncated, first_cut, plan.scan, encoder.tokens_per_text(max_len))
+        finish(plan, output)
     return plan.scan.rows
 
 
