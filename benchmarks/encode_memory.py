@@ -2,10 +2,11 @@
 OUTPUT.partial) against the in-memory library call it replaced in the CLI (every text read,
 every vector held, one np.save at the end).
 
-Texts: the rotten-tomatoes training reviews (real, short: 10,202 of them, about 21 words each),
-repeated to 100 k and 1 M lines. Model: the tiny preset (2 layers, 128 wide) with random weights
-and MiniLM's vocabulary, so that the model's own memory is small beside the data's. Each figure
-is one fresh process: its peak resident set (ru_maxrss) and its wall time.
+Texts: the rotten-tomatoes training reviews (real: 10,202 of them), cut to their first --words
+words (short texts: 8) and repeated to 100 k and 1 M lines. Model: the tiny preset (2 layers,
+128 wide) with random weights and MiniLM's vocabulary, batches of --batch-size (256), so that the
+model's own memory is small beside the data's. Each figure is one fresh process: its peak
+resident set (ru_maxrss) and its wall time. The in-memory peer runs up to --in-memory-lines.
 
     .venv/bin/python benchmarks/encode_memory.py [--lines 100000 1000000] [--out benchmarks/results]
 """
@@ -26,7 +27,8 @@ STREAMED = r"""
 import resource, sys, json, time
 from bertkit.cli import main
 t = time.perf_counter()
-code = main(["encode", "--model", sys.argv[1], "--input", sys.argv[2], "--output", sys.argv[3]])
+code = main(["encode", "--model", sys.argv[1], "--input", sys.argv[2], "--output", sys.argv[3],
+             "--batch-size", sys.argv[4]])
 print(json.dumps({"code": code, "wall_s": time.perf_counter() - t,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 """
@@ -38,7 +40,7 @@ from bertkit.inference.encode import Encoder
 from bertkit.inputs import read_text_inputs
 t = time.perf_counter()
 texts = read_text_inputs(sys.argv[2], blank_lines="refuse").texts
-vectors = Encoder.from_folder(sys.argv[1]).encode(texts)
+vectors = Encoder.from_folder(sys.argv[1]).encode(texts, batch_size=int(sys.argv[4]))
 np.save(sys.argv[3], vectors)
 print(json.dumps({"code": 0, "wall_s": time.perf_counter() - t,
                   "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -64,12 +66,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, nargs="+", default=[100_000, 1_000_000])
     ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--words", type=int, default=8)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--in-memory-lines", type=int, default=100_000)
     args = ap.parse_args()
     from bertkit.data.registry import export
     work = Path(tempfile.mkdtemp(prefix="encode_memory_"))
     export("rotten-tomatoes", work / "rt")
     reviews = [json.loads(line)["text"] for line in (work / "rt" / "train.jsonl").read_text().split("\n") if line.strip()]
-    reviews = [r for r in reviews if len(r.splitlines()) == 1 and r.strip()]
+    reviews = [" ".join(r.split()[:args.words]) for r in reviews if len(r.splitlines()) == 1 and r.strip()]
     model = tiny_folder(work / "tiny")
     rows = []
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
@@ -79,9 +84,11 @@ def main():
             for i in range(n):
                 f.write(reviews[i % len(reviews)] + "\n")
         for name, script in (("streamed (bertkit encode)", STREAMED), ("in memory (Encoder.encode, np.save)", IN_MEMORY)):
+            if script is IN_MEMORY and n > args.in_memory_lines:
+                continue
             dst = work / f"out-{n}.npy"
             dst.unlink(missing_ok=True)
-            res = subprocess.run([sys.executable, "-c", script, str(model), str(src), str(dst)], env=env,
+            res = subprocess.run([sys.executable, "-c", script, str(model), str(src), str(dst), str(args.batch_size)], env=env,
                                  capture_output=True, text=True)
             if res.returncode != 0:
                 sys.exit(res.stderr[-2000:])
@@ -92,7 +99,8 @@ def main():
     import torch
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "model": "tiny preset, random weights, MiniLM's vocabulary",
-              "texts": "rotten-tomatoes training reviews, repeated", "runs": rows}
+              "texts": f"rotten-tomatoes training reviews, first {args.words} words, repeated",
+              "batch_size": args.batch_size, "runs": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "encode_memory.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['cpu']}\n\n| lines | peer | input MB | output MB | peak RSS MB | wall s | texts/s |\n"
