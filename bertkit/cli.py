@@ -39,16 +39,6 @@ def cmd_tokenizer_train(args) -> None:
           f"wrote {out / 'vocab.txt'} and {out / 'tokenizer.json'}")
 
 
-def _refuse_tokenless(tokenizer, texts: list, where) -> None:
-    """An empty text, or one the tokenizer keeps nothing of, is refused by name (as the server
-    answers 422): its vector or prediction would be of [CLS] and [SEP] alone. where(i) names text i."""
-    bad = tokenizer.tokenless(texts)
-    if bad:
-        t = texts[bad[0]]
-        why = "empty text" if not t.strip() else f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)"
-        raise BertkitError(f"{where(bad[0])}: {why}; {len(bad)} such text(s)")
-
-
 def _output_lock(args):
     """pretrain's and finetune's --out and encode's --output, held while the command writes them
     (files.output_lock); under torchrun by rank 0 alone, the rank that writes."""
@@ -245,11 +235,11 @@ def cmd_predict(args) -> None:
         raise BertkitError("give --input FILE or texts to predict")
     max_len = task_max_len(task, model, args.max_len)  # within the model's position limit
     if args.text:  # a file's blank lines are refused as it is read
-        _refuse_tokenless(tok, args.text, lambda i: f"text {i + 1}")
+        tok.refuse_tokenless(args.text, lambda i: f"text {i + 1}")
     examples = task.read_inputs(path=args.input) if args.input else task.read_inputs(texts=args.text)
     for field in ("text", "text_pair"):  # classify, word: what the model reads of each line
         if args.input and any(isinstance(ex, dict) and ex.get(field) is not None for ex in examples):
-            _refuse_tokenless(tok, [ex.get(field) for ex in examples], lambda i: f"{args.input}, line {i + 1} ({field})")
+            tok.refuse_tokenless([ex.get(field) for ex in examples], lambda i: f"{args.input}, line {i + 1} ({field})")
     # a classifier fine-tuned on single texts given pairs, or the reverse, read inputs it never saw (as evaluate refuses)
     task.check(examples, args.input or "the texts given")
     feats = task.features(examples, tok, max_len)

@@ -455,6 +455,15 @@ class WordPieceTokenizer:
         encs = self.tok.encode_batch([t for _, t in given], add_special_tokens=False) if given else []
         return [i for (i, t), e in zip(given, encs) if not t.strip() or not e.ids]
 
+    def refuse_tokenless(self, texts: list[str | None], where: Callable[[int], str]) -> None:
+        """An empty text, or one the tokenizer keeps nothing of, refused by name (as the server
+        answers 422): its vector or prediction would be of [CLS] and [SEP] alone. where(i) names text i."""
+        bad = self.tokenless(texts)
+        if bad:
+            t = texts[bad[0]]
+            why = "empty text" if not t.strip() else f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)"
+            raise BertkitError(f"{where(bad[0])}: {why}; {len(bad)} such text(s)")
+
     def tokenize_ids(self, text: str) -> list[int]:
         """Token ids of one text, without special tokens, whole (never truncated)."""
         self.tok.no_truncation()  # encode_unpadded leaves its max_len set

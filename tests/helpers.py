@@ -44,3 +44,22 @@ def sentence_transformers_copy(folder, out):
     (out / "1_Pooling").mkdir()
     (out / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
     return out
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (a server or a rendezvous to start there)."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, nodes: int | None = None, rdzv_id: str = "bertkit-test") -> list[str]:
+    """The torchrun launcher: one node (--standalone), or one of `nodes` launches meeting through
+    the c10d rendezvous on a fresh port of 127.0.0.1. The program and its arguments follow."""
+    import sys
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
+    if nodes is None:
+        return cmd + ["--standalone"]
+    return cmd + ["--nnodes", str(nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+                  "--rdzv_id", rdzv_id]

@@ -16,6 +16,7 @@ from bertkit.errors import BertkitError
 from bertkit.inference.encode import Encoder
 from bertkit.inference.encode_file import done_chunks, encode_file, partial_folder
 from bertkit.inputs import read_chunk, read_text_inputs, scan_text_inputs
+from helpers import torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 BATCH = 4  # chunks of 4 x 32 = 128 texts: the 700 sentences below are 6 chunks
@@ -203,21 +204,8 @@ def test_the_library_writes_a_file_too(tmp_path, tiny_bert, sentences, reference
 
 
 # ---- several processes ----
-def _torchrun(nproc, *args, nodes=None, port=None):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
-    if nodes is None:
-        cmd += ["--standalone"]
-    else:
-        cmd += ["--nnodes", str(nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
-                "--rdzv_id", "bertkit-encode-test"]
-    return cmd + ["-m", "bertkit", "encode", *args]
-
-
-def _port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _torchrun(nproc, *args, nodes=None):
+    return torchrun(nproc, nodes, "bertkit-encode-test") + ["-m", "bertkit", "encode", *args]
 
 
 def test_two_ranks_write_the_file_one_process_writes(tmp_path, tiny_bert, sentences, reference):
@@ -232,7 +220,7 @@ def test_two_ranks_write_the_file_one_process_writes(tmp_path, tiny_bert, senten
 def test_two_launches_on_loopback_write_one_file(tmp_path, tiny_bert, sentences, reference):
     out = tmp_path / "v.npy"
     cmd = _torchrun(1, "--model", str(tiny_bert), "--input", str(sentences), "--output", str(out),
-                    "--batch-size", str(BATCH), nodes=2, port=_port())
+                    "--batch-size", str(BATCH), nodes=2)
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
              for _ in range(2)]
     results = [n.communicate(timeout=300) for n in nodes]

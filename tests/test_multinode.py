@@ -2,14 +2,13 @@
 a 2-process checkpoint in 1 and in 4 processes, and a rank that dies (gloo on CPU)."""
 import json
 import os
-import socket
 import subprocess
-import sys
 import time
 
 import pytest
 
 from bertkit.training.checkpoints import checkpoint_problem, latest_checkpoint
+from helpers import torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -39,24 +38,12 @@ def _options(corpus, vocab, out, steps, **more):
                        "log_every": 1, "seed": 5, "progress": False, "sentence_per_line": True, **more})
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _torchrun(tmp_path, nproc, options, env=ENV, nodes=None):
     script = tmp_path / "run.py"
     script.write_text(_RUN)
     report = tmp_path / f"report-{nproc}-{time.monotonic_ns()}"
     report.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)]
-    if nodes is None:
-        cmd += ["--standalone"]
-    else:
-        cmd += ["--nnodes", str(nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{_port()}",
-                "--rdzv_id", "bertkit-test"]
-    return cmd + [str(script), options, str(report)], report
+    return torchrun(nproc, nodes) + [str(script), options, str(report)], report
 
 
 def _steps(out):

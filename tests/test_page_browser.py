@@ -3,7 +3,6 @@ installed by `make test`) driven by Selenium against a real `bertkit serve` on 1
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bertkit.cli import main
-from helpers import save_tiny_bert
+from helpers import free_port, save_tiny_bert
 
 webdriver = pytest.importorskip("selenium.webdriver")
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -22,15 +21,9 @@ pytestmark = pytest.mark.skipif(not (CHROMIUM and DRIVER), reason="Debian's chro
                                                                    "not installed (make test installs them)")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     def __init__(self, folder):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "bertkit", "serve", "--model", str(folder),
                                       "--port", str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -17,7 +17,7 @@ import torch
 
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from helpers import SENTENCES, hf_tester_config
+from helpers import SENTENCES, free_port, hf_tester_config
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -474,14 +474,8 @@ def test_dynamic_batching_joins_concurrent_requests_and_isolates_failures(tiny_b
     assert calls == [1] * 5
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_real_server_process(tiny_bert):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "bertkit", "serve", "--model", str(tiny_bert), "--port", str(port)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
@@ -717,7 +711,7 @@ def test_abandoned_requests_are_dropped_and_a_full_queue_answers_503(tiny_bert):
         time.sleep(0.5)
         return original(key, items)
     served.run_encode = slow
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

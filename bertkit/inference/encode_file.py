@@ -249,7 +249,10 @@ def encode_chunks(encoder: Encoder, plan: Plan, options: EncodeOptions, rank: in
             first = c * scan.chunk_rows
             inputs = read_chunk(scan, c)
             where = lambda i: f"{scan.name}, line {first + i + 1}"  # noqa: E731
-            _refuse_tokenless(encoder, inputs.texts, inputs.pairs, where)
+            for field, strings in (("text", inputs.texts), ("text_pair", inputs.pairs)):
+                if strings is not None:  # named by line, and by field where the rows are pairs
+                    encoder.tokenizer.refuse_tokenless(
+                        strings, lambda i: where(i) + (f" ({field})" if inputs.pairs is not None else ""))
             cut: list[int] = []
             vectors = encoder.encode_chunk(inputs.texts, inputs.pairs, options.pooling, options.batch_size,
                                            options.max_len, options.truncation, options.normalize, where, cut)
@@ -294,21 +297,6 @@ def run_chunks(encoder: Encoder, plan: Plan, options: EncodeOptions, rank: int =
             if plan.fresh and not isinstance(e, WriteError):
                 shutil.rmtree(plan.folder, ignore_errors=True)
             raise
-
-
-def _refuse_tokenless(encoder: Encoder, texts, pairs, where) -> None:
-    """An empty text, or one the tokenizer keeps nothing of, named by line (its vector would be
-    of [CLS] and [SEP] alone)."""
-    for field, strings in (("text", texts), ("text_pair", pairs)):
-        if strings is None:
-            continue
-        bad = encoder.tokenizer.tokenless(strings)
-        if bad:
-            t = strings[bad[0]]
-            why = ("empty text" if not t.strip()
-                   else f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)")
-            raise BertkitError(f"{where(bad[0])}{f' ({field})' if pairs is not None else ''}: {why}; "
-                               f"{len(bad)} such text(s) in its chunk")
 
 
 def finish(plan: Plan, output: Path) -> None:
