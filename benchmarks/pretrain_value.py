@@ -199,23 +199,25 @@ def _setting_order(setting: str):
         return (setting == "defaults", float("inf"), setting)
 
 
-# what a model name says (runs/pretrain-value/NAME), for the tables
+# what a model name says (runs/pretrain-value/NAME: PRESET-MINUTESm[-VARIANT...]), for the tables
 DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki + rotten-tomatoes train texts",
-            "tapt3m": "then 3 min on rotten-tomatoes train texts"}
+            "mix": "wiki + python-docs + linux-docs + rotten-tomatoes and tweets train texts",
+            "tapt3m": "then 3 min on rotten-tomatoes train texts", "electra": "ELECTRA (`--objective electra`)"}
+CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
 
 
 def _describe(model: str, results: dict) -> str:
     if model in DESCRIBE:
         return DESCRIBE[model]
-    preset, minutes, *extra = model.split("-") + [""]
+    preset, minutes, *extra = model.split("-")
     pre = results.get(f"pretrain|{model}", {})
-    what = "random weights (`--steps 1`)" if minutes == "0m" else f"{minutes[:-1]} min on wiki"
-    if extra and extra[0]:
-        what = f"{minutes[:-1]} min on {DESCRIBE.get(extra[0], extra[0])}" if extra[0] == "rt" else \
-            f"{minutes[:-1]} min on wiki, {DESCRIBE.get(extra[0], extra[0])}"
+    corpus = next((DESCRIBE[v] for v in extra if v in CORPORA), "wiki")
+    notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA)
+    what = "random weights (`--steps 1`)" if minutes == "0m" else f"{minutes[:-1]} min on {corpus}{notes}"
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
     if steps and (acc := pre.get("eval", {}).get("eval_mlm_acc")) is not None:
-        steps += f", {acc:.1%} top-1 at [MASK] held out"
+        whose = "the generator's " if "electra" in extra else ""
+        steps += f", {whose}{acc:.1%} top-1 at [MASK] held out"
     return f"{preset}, {what}{steps}"
 
 
@@ -297,22 +299,27 @@ def plot(results: dict, models: list[str]) -> None:
 
     fig, axes = plt.subplots(1, len(DATASETS), figsize=(6 * len(DATASETS), 4.2))
     for ax, dataset in zip(axes, DATASETS):
-        presets = sorted({m.split("-")[0] for m in models if m != "minilm" and m.split("-")[-1].endswith("m")})
-        for preset in presets:
+        # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
+        series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
+                         if m != "minilm" and m.split("-")[1].endswith("m")})
+        for preset, variant in series:
             points = []
             for model in models:
                 parts = model.split("-")
-                if parts[0] != preset or len(parts) != 2 or not parts[1].endswith("m"):
+                if model == "minilm" or parts[0] != preset or not parts[1].endswith("m"):
+                    continue
+                if "-".join(parts[2:]) != variant and not (parts[1] == "0m" and len(parts) == 2):
                     continue
                 test = collect(results, model, dataset, "defaults", "test")
                 if test:
                     points.append((int(parts[1][:-1]), statistics.median(test), min(test), max(test)))
             points.sort()
-            if points:
+            if len(points) > 1:
                 x, med, lo, hi = zip(*points)
+                name = f"{preset}" + (f", {variant}" if variant else "")
                 ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                            marker="o", capsize=3, color=PRESET_COLORS.get(preset),
-                            label=f"bertkit {preset}, fine-tuned with the defaults")
+                            marker="o", capsize=3, color=PRESET_COLORS.get(preset) if not variant else None,
+                            label=f"bertkit {name}, fine-tuned with the defaults")
         if (base := results.get(f"logreg|{dataset}")):
             ax.axhline(base["test"], color="gray", linestyle="--", label="word-count logistic regression")
         if (mini := collect(results, "minilm", dataset, "defaults", "test")):

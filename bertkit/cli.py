@@ -98,7 +98,7 @@ def cmd_pretrain(args) -> None:
     from .pretraining.train import PretrainConfig, pretrain
 
     overrides = {k: getattr(args, k) for k in (
-        "corpus", "model", "vocab", "out", "recipe", "budget", "steps", "batch_size", "grad_accum", "max_len",
+        "corpus", "model", "vocab", "out", "recipe", "objective", "budget", "steps", "batch_size", "grad_accum", "max_len",
         "short_len", "short_share", "lr",
         "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
         "eval_every", "eval_pairs", "save_every", "log_every", "seed", "precision")}
@@ -127,15 +127,24 @@ def cmd_pretrain(args) -> None:
     out = Path(cfg.out)
     print(f"bertkit: pretrained {summary['steps']} steps; model in {out}, curves in {out / 'loss.png'}")
     train, ev = summary["final_train"], summary["final_eval"]
-    print(f"  train: mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}, "
-          f"nsp loss {train['nsp_loss']:.3f}, nsp acc {train['nsp_acc']:.3f}; "
-          f"{summary['pairs_per_s']:.0f} sentence pairs/s over {summary['elapsed_s']:.0f} s")
+    electra = cfg.objective == "electra"
+    if electra:
+        print(f"  train: generator mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}; "
+              f"detection loss {train['rtd_loss']:.3f}, accuracy {train['rtd_acc']:.3f}; "
+              f"{summary['pairs_per_s']:.0f} sentence pairs/s over {summary['elapsed_s']:.0f} s")
+    else:
+        print(f"  train: mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}, "
+              f"nsp loss {train['nsp_loss']:.3f}, nsp acc {train['nsp_acc']:.3f}; "
+              f"{summary['pairs_per_s']:.0f} sentence pairs/s over {summary['elapsed_s']:.0f} s")
     if ev:
-        print(f"  held out: mlm loss {ev['eval_mlm_loss']:.3f} (ln vocab = {summary['ln_vocab_size']:.3f}); "
+        print(f"  held out: {'generator ' if electra else ''}mlm loss {ev['eval_mlm_loss']:.3f} "
+              f"(ln vocab = {summary['ln_vocab_size']:.3f}); "
               f"at [MASK]: top-1 {ev['eval_mlm_acc']:.3f}, top-5 {ev['eval_mlm_top5']:.3f} "
               f"(always the most common token: {ev['eval_majority_token_acc']:.3f}); "
               f"random-token positions {ev['eval_mlm_acc_random']:.3f}, unchanged {ev['eval_mlm_acc_unchanged']:.3f}; "
-              f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})")
+              + (f"detection accuracy {ev['eval_rtd_acc']:.3f} (always \"original\": {ev['eval_rtd_original_acc']:.3f}), "
+                 f"replaced tokens found {ev['eval_rtd_replaced_recall']:.3f}" if electra else
+                 f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})"))
         if ev["eval_mlm_acc"] < PLATEAU_FACTOR * ev["eval_majority_token_acc"]:
             # a mini run of 10 minutes on a slow CPU ended so: fine-tuned, it answered one label at every lr
             print(f"bertkit: warning: the model has not left the unigram plateau (top-1 at [MASK] "
@@ -149,11 +158,12 @@ def cmd_pretrain(args) -> None:
         from .pretraining.shards import TokenStore
         from .tokenizer import WordPieceTokenizer
 
-        model, _ = load_model(out)
+        # fill-mask by ELECTRA's generator, whose embeddings are the model's
+        model, _ = load_model(out / "generator" if electra else out)
         tokenizer = WordPieceTokenizer.from_folder(out)
         shown = show(model, tokenizer, TokenStore(out / "data" / "shards" / "eval"))
         if summary["elapsed_s"] >= PROBE_MIN_RUN_S:  # seconds of probing: worth it after minutes of training
-            shown["downstream_probe"] = report(model.bert, tokenizer)
+            shown["downstream_probe"] = report(load_model(out, heads=False)[0] if electra else model.bert, tokenizer)
         (out / "samples.json").write_text(json.dumps(shown, indent=2) + "\n")
 
 
@@ -168,8 +178,11 @@ def cmd_fill_mask(args) -> None:
     tokenizer = load_tokenizer(args.model)  # refuses a vocabulary larger than the model's embeddings
     model, _ = load_model(args.model, quiet=True)
     if not has_trained_mlm_head(args.model):  # load_model gave it a random one
+        generator = Path(args.model) / "generator"
+        hint = (f"it is an ELECTRA encoder: its generator fills masks (--model {generator})"
+                if (generator / WEIGHTS).is_file() else "pretrain it first")
         raise BertkitError(f"{args.model} has no trained MLM head (no cls.predictions.* weights in "
-                           f"{WEIGHTS}): fill-mask would answer at random; pretrain it first")
+                           f"{WEIGHTS}): fill-mask would answer at random; {hint}")
     for text, preds in zip(args.text, fill_mask(model, tokenizer, args.text, args.top_k)):
         print(json.dumps({"text": text, "predictions": preds}))
 
@@ -352,6 +365,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="fast (default: batch 64, 30%% masking, NSP weight 0.25, no dropout, the first 35%% "
                          "of the run on pairs of 32 tokens; chosen by measurement) "
                          "or textbook (batch 512, 15%% masking, dropout 0.1); every option below overrides the recipe")
+    pt.add_argument("--objective", choices=["mlm-nsp", "electra"],
+                    help="mlm-nsp (default: BERT's masked LM + next sentence prediction) or electra (replaced-token "
+                         "detection on the samples of a small generator; saves the encoder, and the generator in "
+                         "OUT/generator)")
     pt.add_argument("--budget", help="wall-clock budget, e.g. 90s, 10m, 1.5h (default 10m); warm-up and decay "
                                      "follow its elapsed share")
     pt.add_argument("--steps", type=int, help="optimizer steps instead of a budget")

@@ -108,3 +108,14 @@ def _whole_words(sorted_word: np.ndarray, sorted_cand: np.ndarray, n_pick: np.nd
         if fitting.size:
             keep[b, fitting[0]] = True
     return np.take_along_axis(keep, k, axis=1) & sorted_cand
+
+
+def prediction_kinds(input_ids, mlm_positions, mlm_labels, mask_id: int):
+    """(B, P) bool masks of the predicted positions the model saw as [MASK], as a random token,
+    or unchanged (80/10/10). Only the first measures what a model learned: an unchanged token
+    can be copied from the input."""
+    seen = input_ids.gather(1, mlm_positions)            # (B, P) what the model read there
+    valid = mlm_labels != -100
+    masked = valid & (seen == mask_id)
+    unchanged = valid & ~masked & (seen == mlm_labels)
+    return masked, valid & ~masked & ~unchanged, unchanged

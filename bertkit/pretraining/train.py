@@ -36,9 +36,10 @@ from ..precision import TRAINING_PRECISIONS, training_precision
 from ..training.distributed import Processes, init_processes
 from ..training.log import MetricsLog, plot_losses, progress_bar, write_json
 from ..training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
+from . import electra
 from .batches import Position, PretrainingBatches
 from .corpus import check_corpus_name, check_sentence_per_line
-from .masking import MaskingConfig
+from .masking import MaskingConfig, prediction_kinds
 from .shards import TokenStore, tokenize_corpus
 
 
@@ -57,6 +58,9 @@ RECIPES: dict[str, dict] = {
 }
 
 
+OBJECTIVES = ("mlm-nsp", "electra")
+
+
 @dataclass
 class PretrainConfig:
     corpus: str = "wiki"             # a .txt file, a folder of .txt files, "wiki" (built-in sample), "python-docs",
@@ -66,6 +70,8 @@ class PretrainConfig:
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
     out: str | None = None           # default: runs/pretrain-<time>
     recipe: str = "fast"             # fills every option left at None below (see RECIPES)
+    objective: str = "mlm-nsp"       # BERT's masked LM + next sentence prediction, or "electra": replaced-token
+                                     # detection by the model, on the samples of a small MLM generator (electra.py)
     budget: str | float | None = None  # wall-clock budget ("10m"); warm-up and decay follow its elapsed share
     steps: int | None = None         # optimizer steps instead of a budget
     batch_size: int | None = None    # sentence pairs per optimizer step
@@ -104,8 +110,8 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("corpus", "doc_per_file", "sentence_per_line", "batch_size", "grad_accum", "max_len", "short_len",
-             "short_share", "lr", "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions",
+    EXACT = ("objective", "corpus", "doc_per_file", "sentence_per_line", "batch_size", "grad_accum", "max_len",
+             "short_len", "short_share", "lr", "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions",
              "whole_word", "short_seq_prob", "nsp_weight", "seed", "holdout_every", "eval_pairs", "precision")
 
     @classmethod
@@ -145,6 +151,8 @@ class PretrainConfig:
     def __post_init__(self):
         self._check_types()
         check_seed(self.seed)
+        if self.objective not in OBJECTIVES:
+            raise BertkitError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
         if self.recipe not in RECIPES:
             raise BertkitError(f"unknown recipe {self.recipe!r}; choose one of {', '.join(RECIPES)}")
         if self.model not in PRESETS and not Path(self.model).is_dir():
@@ -335,14 +343,16 @@ def _check_model_folder(cfg: PretrainConfig) -> None:
         raise BertkitError(f"--max-len {cfg.max_len} exceeds the model's {model_cfg.max_position_embeddings} positions")
 
 
-def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining:
+def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining | electra.ElectraForPreTraining:
     if cfg.model in PRESETS:
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size,
                                      max_position_embeddings=512)
+        if cfg.objective == "electra":
+            return electra.build(bert_cfg)
         model = BertForPreTraining(bert_cfg)
         init_weights(model, bert_cfg)
         return model
-    model, _ = load_model(cfg.model)
+    model = electra.build(None, cfg.model) if cfg.objective == "electra" else load_model(cfg.model)[0]
     if model.config.vocab_size < tok.vocab_size:
         raise BertkitError(f"{cfg.model}: the model has {model.config.vocab_size} token embeddings but its "
                            f"tokenizer {tok.vocab_size} tokens")
@@ -362,6 +372,8 @@ def _phase_batches(cfg: PretrainConfig, phase: int, store: TokenStore, tok: Word
     if phase == 0:
         max_len, batch_size = cfg.short_len, cfg.batch_size * max(1, round(cfg.max_len / cfg.short_len))
     masking = MaskingConfig(cfg.mask_prob, math.ceil(cfg.max_predictions * max_len / cfg.max_len), cfg.whole_word)
+    if cfg.objective == "electra":  # the generator reads [MASK] at every chosen position (the paper's)
+        masking.mask_token_share, masking.random_token_share = 1.0, 0.0
     return PretrainingBatches(store, tok, max_len, batch_size, masking, cfg.seed if phase else cfg.seed + 2,
                               cfg.short_seq_prob)
 
@@ -382,7 +394,9 @@ def _options(cfg: PretrainConfig) -> dict:
 def _save(out: Path, step: int, model, opt, position: Position, phase: int, pairs_seen: int, cfg: PretrainConfig,
           procs: Processes, elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list],
           clock: dict) -> None:
-    save_checkpoint(out, step, lambda folder: save_model(model, folder),
+    save = (lambda folder: electra.save(model, folder, head=True)) if cfg.objective == "electra" else (
+        lambda folder: save_model(model, folder))
+    save_checkpoint(out, step, save,
                     {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
                     {"phase": phase, "epoch": position.epoch, "batch": position.batch, "pairs_seen": pairs_seen,
                      "elapsed_s": elapsed, "start_s": start_s, "lr_scale": lr_scale, "world_size": procs.world,
@@ -393,8 +407,11 @@ def _save(out: Path, step: int, model, opt, position: Position, phase: int, pair
 def _restore(ckpt: Path, model, opt, procs: Processes) -> dict:
     """Weights, optimizer and this rank's RNG (if the checkpoint has one) from a checkpoint;
     returns its trainer.json."""
-    resumed, _ = load_model(ckpt, quiet=True)
-    model.load_state_dict(resumed.state_dict())
+    if isinstance(model, electra.ElectraForPreTraining):
+        electra.restore(model, ckpt)
+    else:
+        resumed, _ = load_model(ckpt, quiet=True)
+        model.load_state_dict(resumed.state_dict())
     state, tensors = read_state(ckpt)
     opt.load_state_dict(tensors["optimizer"])
     if procs.rank < len(tensors["torch_rng"]):
@@ -421,17 +438,6 @@ def _check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining)
 
 
 # ---- evaluation -----------------------------------------------------------------------------
-def prediction_kinds(input_ids, mlm_positions, mlm_labels, mask_id: int):
-    """(B, P) bool masks of the predicted positions the model saw as [MASK], as a random token,
-    or unchanged (80/10/10). Only the first measures what a model learned: an unchanged token
-    can be copied from the input."""
-    seen = input_ids.gather(1, mlm_positions)            # (B, P) what the model read there
-    valid = mlm_labels != -100
-    masked = valid & (seen == mask_id)
-    unchanged = valid & ~masked & (seen == mlm_labels)
-    return masked, valid & ~masked & ~unchanged, unchanged
-
-
 @torch.no_grad()
 def evaluate(model, batches: list[dict], device, mask_id: int) -> dict:
     """Held-out MLM and NSP, in fp32 whatever the training steps' precision, as the saved model
@@ -485,6 +491,15 @@ def evaluate(model, batches: list[dict], device, mask_id: int) -> dict:
             # NSP's bar: always the more common label. A chunk of one sentence is always NotNext (as in
             # BERT's create_pretraining_data), and short pairs are often one sentence: not 50/50
             "eval_nsp_majority_acc": max(c["nsp_next"], c["nsp_n"] - c["nsp_next"]) / max(1, c["nsp_n"])}
+
+
+def _evaluate(model, batches: list[dict], device, mask_id: int, seed: int) -> dict:
+    """The objective's held-out figures: BERT's MLM and NSP, or ELECTRA's generator MLM (its
+    NSP head is never trained) and the discriminator's detection."""
+    if not isinstance(model, electra.ElectraForPreTraining):
+        return evaluate(model, batches, device, mask_id)
+    figures = {k: v for k, v in evaluate(model.generator, batches, device, mask_id).items() if "nsp" not in k}
+    return {**figures, **electra.evaluate_rtd(model, batches, device, seed)}
 
 
 # ---- one optimizer step's gradients ---------------------------------------------------------
@@ -684,17 +699,25 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
     if main and ckpt is not None:
         write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
-    eager = procs.wrap(model)
+    is_electra = cfg.objective == "electra"
+    # ELECTRA trains neither encoder's pooler nor the generator's NSP head: DDP must not wait for their gradients
+    eager = procs.wrap(model, **({"find_unused_parameters": True} if is_electra else {}))
     net = torch.compile(eager) if cfg.compile else eager
     elapsed = lambda: elapsed0 + time.perf_counter() - clock  # the budget's clock
 
     model.train()
-    step_options = dict(grad_accum=cfg.grad_accum, world=world, nsp_weight=cfg.nsp_weight, mask_id=tok.mask_id,
-                        autocast=autocast)
+    step_options = dict(grad_accum=cfg.grad_accum, world=world, mask_id=tok.mask_id, autocast=autocast)
+    if is_electra:  # the second loss, its weight, and the counts after [MASK]'s, random's and unchanged's
+        accumulate, second, second_weight = electra.accumulate_gradients, "rtd", electra.RTD_WEIGHT
+        count_keys = ("rtd_hit", "rtd_n", "rtd_found", "rtd_replaced")
+    else:
+        accumulate, second, second_weight = accumulate_gradients, "nsp", cfg.nsp_weight
+        count_keys = ("nsp_hit",)
+        step_options["nsp_weight"] = cfg.nsp_weight
     batches = _phase_batches(cfg, phase, train_store, tok)
     data_iter = _Prefetch(batches.iterate(position))
-    window = dict(loss=0.0, mlm=0.0, nsp=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
-                  nsp_hit=0, pairs=0, compute=0.0, steps=0, lr=0.0)
+    window = dict(loss=0.0, mlm=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
+                  pairs=0, compute=0.0, steps=0, lr=0.0, **{second: 0.0}, **{k: 0 for k in count_keys})
     if ckpt is not None:  # the steps since the last record, so that the next one is the mean of them all
         window.update(state.get("window", {}))
 
@@ -702,17 +725,21 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
         """The training figures of the steps since the last record (rank 0), then a new window."""
         s = window["steps"]
         record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
-                  "nsp_loss": window["nsp"] / s, "skipped_steps": guard.skipped,
-                  # accuracy at [MASK] positions; random and unchanged positions apart
+                  f"{second}_loss": window[second] / s, "skipped_steps": guard.skipped,
+                  # accuracy at [MASK] positions (ELECTRA's generator's); random and unchanged positions apart
                   "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
                   "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
-                  "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"]),
-                  "nsp_acc": window["nsp_hit"] / window["pairs"], "lr": window["lr"],
-                  "phase": phase, "max_len": batches.max_len, "epoch": position.epoch, "elapsed_s": elapsed(),
-                  "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])}
+                  "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"])}
+        if is_electra:  # the detection's right calls over all tokens, and the share of replaced ones found
+            record.update(rtd_acc=window["rtd_hit"] / max(1, window["rtd_n"]),
+                          rtd_replaced_recall=window["rtd_found"] / max(1, window["rtd_replaced"]))
+        else:
+            record["nsp_acc"] = window["nsp_hit"] / window["pairs"]
+        record.update({"lr": window["lr"], "phase": phase, "max_len": batches.max_len, "epoch": position.epoch,
+                       "elapsed_s": elapsed(), "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])})
         metrics.write(record)
-        bar.set_postfix(mlm=f"{record['mlm_loss']:.3f}", acc=f"{record['mlm_acc']:.3f}",
-                        nsp=f"{record['nsp_loss']:.3f}", pairs_s=f"{record['pairs_per_s']:.0f}")
+        bar.set_postfix(**{"mlm": f"{record['mlm_loss']:.3f}", "acc": f"{record['mlm_acc']:.3f}",
+                           second: f"{record[f'{second}_loss']:.3f}", "pairs_s": f"{record['pairs_per_s']:.0f}"})
         window.update({k: 0 for k in window})
 
     # SIGINT (Ctrl-C) and SIGTERM end the run after the current step, with a checkpoint
@@ -769,9 +796,11 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             local = batches.batch_size // world  # this rank's rows of the batch
             t0 = time.perf_counter()
             n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
+            if is_electra:
+                step_options["n_tokens"] = int(batch["attention_mask"].sum())
             batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
             try:
-                stats = accumulate_gradients(net, batch, n_predictions=n_predictions, **step_options)
+                stats = accumulate(net, batch, n_predictions=n_predictions, **step_options)
             except Exception as e:  # compilation happens at the first call; its errors come from anywhere
                 if net is eager:
                     raise
@@ -779,13 +808,13 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                     "continuing without it")
                 net = eager
                 opt.zero_grad(set_to_none=True)
-                stats = accumulate_gradients(net, batch, n_predictions=n_predictions, **step_options)
+                stats = accumulate(net, batch, n_predictions=n_predictions, **step_options)
             if world > 1:
                 dist.all_reduce(stats)
                 stats[1] /= world
-            mlm, nsp, *counts = stats.tolist()  # the one read-back per step
+            mlm, other, *counts = stats.tolist()  # the one read-back per step (other: NSP's or RTD's loss)
             # the same on every rank (reduced loss and gradients)
-            finite, _ = clipped_step(model, opt, cfg.clip, math.isfinite(mlm + nsp), guard)
+            finite, _ = clipped_step(model, opt, cfg.clip, math.isfinite(mlm + other), guard)
             if guard.in_a_row >= MAX_BAD_STEPS:  # return to the last checkpoint at half the lr
                 good = latest_checkpoint(out)
                 if good is None:
@@ -811,10 +840,10 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
             took = time.perf_counter() - t0
             step_s = 0.8 * step_s + 0.2 * took if step_s else took  # smoothed: one slow step must not end a budget early
             if finite:
-                window["loss"] += mlm + cfg.nsp_weight * nsp
+                window["loss"] += mlm + second_weight * other
                 window["mlm"] += mlm
-                window["nsp"] += nsp
-                for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", "nsp_hit"),
+                window[second] += other
+                for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", *count_keys),
                                       counts):
                     window[key] += value
                 window["pairs"] += batches.batch_size
@@ -831,7 +860,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
                 write_window()
             if main and eval_batches and (step % cfg.eval_every == 0 or last):
                 t_eval = time.perf_counter()
-                last_eval = {"step": step, **evaluate(model, eval_batches, device, tok.mask_id),
+                last_eval = {"step": step, **_evaluate(model, eval_batches, device, tok.mask_id, cfg.seed),
                              "elapsed_s": elapsed()}
                 metrics.write(last_eval)
                 eval_s = time.perf_counter() - t_eval
@@ -864,17 +893,22 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     # pretrained_from: the preset whose random weights the run (or the run it continued) started
     # from, else the folder it started from; finetune's default lr reads it
     origin = cfg.model if cfg.model in PRESETS else pretraining_origin(cfg.model) or str(cfg.model)
-    info = {"task": "pretraining", "corpus": cfg.corpus, "steps": step, "max_len": cfg.max_len,
-            "pretrained_from": origin}
-    save_model(model, out, tokenizer=tok, bertkit_info=info)
+    info = {"task": "pretraining", "objective": cfg.objective, "corpus": cfg.corpus, "steps": step,
+            "max_len": cfg.max_len, "pretrained_from": origin}
+    if is_electra:
+        electra.save(model, out, tokenizer=tok, bertkit_info=info)
+    else:
+        save_model(model, out, tokenizer=tok, bertkit_info=info)
     records = metrics.records()
     if last_eval is None:  # resumed from the final checkpoint: its evaluation, not none
         last_eval = next((r for r in reversed(records) if "eval_mlm_loss" in r), None)
     train_records = [r for r in records if "loss" in r]
-    plot_losses(records, out / "loss.png",
-                [("mlm_loss", "MLM (train)"), ("nsp_loss", "NSP (train)"),
-                 ("eval_mlm_loss", "MLM (held out)"), ("eval_nsp_loss", "NSP (held out)")],
-                f"BERT pretraining: {model.config.num_hidden_layers} layers, hidden "
+    curves = ([("mlm_loss", "generator MLM (train)"), ("rtd_loss", "detection (train)"),
+               ("eval_mlm_loss", "generator MLM (held out)"), ("eval_rtd_loss", "detection (held out)")] if is_electra
+              else [("mlm_loss", "MLM (train)"), ("nsp_loss", "NSP (train)"),
+                    ("eval_mlm_loss", "MLM (held out)"), ("eval_nsp_loss", "NSP (held out)")])
+    plot_losses(records, out / "loss.png", curves,
+                f"{'ELECTRA' if is_electra else 'BERT'} pretraining: {model.config.num_hidden_layers} layers, hidden "
                 f"{model.config.hidden_size}, batch {cfg.batch_size}, length {cfg.max_len}")
     timed = train_records[1:] or train_records  # the first window includes warm-up of kernels
     summary = {

@@ -36,9 +36,11 @@ def save_checkpoint(out: Path, step: int, write_model: Callable[[Path], None], t
     tmp.mkdir(parents=True)
     write_model(tmp)
     torch.save(tensors, tmp / "trainer.pt")
-    files = {f.name: {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in sorted(tmp.iterdir())}
+    # every file, in subfolders too (ELECTRA's generator/), by its path inside the checkpoint
+    written = sorted(f for f in tmp.rglob("*") if f.is_file())
+    files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in written}
     write_json(tmp / "trainer.json", {"step": step, **state, "files": files})
-    for f in tmp.iterdir():
+    for f in sorted(tmp.rglob("*"), reverse=True):  # files, then the folders that hold them
         _fsync(f)
     _fsync(tmp)
     if final.exists():
