@@ -202,7 +202,10 @@ def _setting_order(setting: str):
 # what a model name says (runs/pretrain-value/NAME: PRESET-MINUTESm[-VARIANT...]), for the tables
 DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki + rotten-tomatoes train texts",
             "mix": "wiki + python-docs + linux-docs + rotten-tomatoes and tweets train texts",
-            "tapt3m": "then 3 min on rotten-tomatoes train texts", "electra": "ELECTRA (`--objective electra`)"}
+            "tapt3m": "then 3 min on rotten-tomatoes train texts", "electra": "ELECTRA (`--objective electra`)",
+            "mask15": "15% masking (`--mask-prob 0.15`)", "w1": "`--rtd-weight 1`",
+            "gen2": "a generator of 2 layers (`--generator-layers 2`)",
+            "m80": "BERT's 80/10/10 for the generator (`--mask-token-share 0.8`)"}
 CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
 
 
@@ -302,6 +305,7 @@ def plot(results: dict, models: list[str]) -> None:
         # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
         series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
                          if m != "minilm" and m.split("-")[1].endswith("m")})
+        variant_colors = iter(f"C{k}" for k in range(2, 10))  # C0, C1: the presets' own curves
         for preset, variant in series:
             points = []
             for model in models:
@@ -318,7 +322,8 @@ def plot(results: dict, models: list[str]) -> None:
                 x, med, lo, hi = zip(*points)
                 name = f"{preset}" + (f", {variant}" if variant else "")
                 ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                            marker="o", capsize=3, color=PRESET_COLORS.get(preset) if not variant else None,
+                            marker="o", capsize=3, linestyle="--" if variant else "-",
+                            color=next(variant_colors) if variant else PRESET_COLORS.get(preset),
                             label=f"bertkit {name}, fine-tuned with the defaults")
         if (base := results.get(f"logreg|{dataset}")):
             ax.axhline(base["test"], color="gray", linestyle="--", label="word-count logistic regression")
@@ -328,7 +333,7 @@ def plot(results: dict, models: list[str]) -> None:
         ax.set_xlabel("pretraining CPU minutes (2 cores)")
         ax.set_ylabel("accuracy")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.suptitle("CPUs: " + "; ".join(sorted({e["cpu"] for e in results.values()})), fontsize=9)
     fig.tight_layout()
     PLOT.parent.mkdir(exist_ok=True)

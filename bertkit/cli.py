@@ -98,7 +98,7 @@ def cmd_pretrain(args) -> None:
     from .pretraining.train import PretrainConfig, pretrain
 
     overrides = {k: getattr(args, k) for k in (
-        "corpus", "model", "vocab", "out", "recipe", "objective", "budget", "steps", "batch_size", "grad_accum", "max_len",
+        "corpus", "model", "vocab", "out", "recipe", "objective", "rtd_weight", "generator_layers", "mask_token_share", "budget", "steps", "batch_size", "grad_accum", "max_len",
         "short_len", "short_share", "lr",
         "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
         "eval_every", "eval_pairs", "save_every", "log_every", "seed", "precision")}
@@ -369,6 +369,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="mlm-nsp (default: BERT's masked LM + next sentence prediction) or electra (replaced-token "
                          "detection on the samples of a small generator; saves the encoder, and the generator in "
                          "OUT/generator)")
+    pt.add_argument("--rtd-weight", type=float, help="electra: loss = generator MLM + w x detection (default 50, "
+                                                     "the paper's)")
+    pt.add_argument("--mask-token-share", type=float,
+                    help="of the chosen tokens, the share shown as [MASK] (default 0.8; electra 1.0); half the rest "
+                         "become a random token, half stay as they were")
+    pt.add_argument("--generator-layers", type=int, help="electra: the generator's layers (default: half the model's)")
     pt.add_argument("--budget", help="wall-clock budget, e.g. 90s, 10m, 1.5h (default 10m); warm-up and decay "
                                      "follow its elapsed share")
     pt.add_argument("--steps", type=int, help="optimizer steps instead of a budget")

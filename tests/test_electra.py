@@ -252,6 +252,47 @@ def test_torchrun_with_two_processes(tmp_path, wiki_excerpt, vocab):
     assert abs(lines[0]["mlm_loss"] - single["final_train"]["mlm_loss"]) < 0.1
 
 
-def test_an_unknown_objective_is_refused(tmp_path, wiki_excerpt):
+def test_an_unknown_objective_or_a_negative_weight_is_refused(tmp_path, wiki_excerpt):
     with pytest.raises(BertkitError, match="unknown objective 'gpt'; choose one of mlm-nsp, electra"):
         _cfg(wiki_excerpt, tmp_path / "x", objective="gpt")
+    with pytest.raises(BertkitError, match="--rtd-weight must be a number >= 0, got -1"):
+        _cfg(wiki_excerpt, tmp_path / "x", rtd_weight=-1.0)
+    with pytest.raises(BertkitError, match="--generator-layers must be 0 .+ got -2"):
+        _cfg(wiki_excerpt, tmp_path / "x", generator_layers=-2)
+    with pytest.raises(BertkitError, match=r"--mask-token-share must be in \[0, 1\], got 1.5"):
+        _cfg(wiki_excerpt, tmp_path / "x", mask_token_share=1.5)
+
+
+def test_bert_s_80_10_10_for_the_generator_when_asked(setup, wiki_excerpt, vocab):
+    _, batches, tok = setup
+    cfg = _cfg(wiki_excerpt, "unused", vocab=str(vocab), batch_size=64, mask_token_share=0.8)
+    store = batches.store
+    _, b = next(_phase_batches(cfg, 1, store, tok).iterate())
+    valid = b["mlm_labels"] != -100
+    seen = b["input_ids"].gather(1, b["mlm_positions"])[valid]
+    masked = (seen == tok.mask_id).float().mean().item()
+    unchanged = (seen == b["mlm_labels"][valid]).float().mean().item()
+    assert 0.7 < masked < 0.9 and 0.04 < unchanged < 0.18, (masked, unchanged)
+
+
+def test_the_generator_has_half_the_layers_unless_told():
+    from bertkit import BertConfig
+    cfg = BertConfig.preset("mini", vocab_size=100)  # 4 layers
+    assert len(electra.build(cfg).generator.bert.layers) == 2
+    assert len(electra.build(cfg, generator_layers=3).generator.bert.layers) == 3
+    assert len(electra.build(BertConfig.preset("tiny", vocab_size=100)).generator.bert.layers) == 1
+
+
+def test_the_detection_weight_scales_the_detection_loss_only(setup):
+    model, batches, _ = setup
+    b = next(batches.iterate())[1]
+    outs = []
+    for weight in (50.0, 1.0):
+        model.rtd_weight = weight
+        torch.manual_seed(5)
+        with torch.no_grad():
+            outs.append(_forward(model, b))
+    model.rtd_weight = electra.RTD_WEIGHT
+    (a, b1) = outs
+    assert a.rtd_loss == b1.rtd_loss and a.mlm_loss == b1.mlm_loss
+    assert b1.loss.item() == pytest.approx(b1.mlm_loss.item() + b1.rtd_loss.item(), rel=1e-6)

@@ -34,11 +34,11 @@ CHUNK = 512  # rows of the generator's logits at a time (the fused loss's chunk)
 RTD_HEAD = "rtd_head.safetensors"  # the detection head, in checkpoints only (the saved model is the encoder)
 
 
-def generator_config(cfg: BertConfig) -> BertConfig:
-    """Half the discriminator's layers at its width: the shared embeddings fix the width, and
-    the paper's best generators are a quarter to a half of the discriminator (a stronger one
-    replaces tokens too well to leave anything to detect)."""
-    return dataclasses.replace(cfg, num_hidden_layers=max(1, cfg.num_hidden_layers // 2))
+def generator_config(cfg: BertConfig, layers: int = 0) -> BertConfig:
+    """`layers` (default, 0: half the discriminator's, at least one) at the discriminator's width:
+    the shared embeddings fix the width, and the paper's best generators are a quarter to a half
+    of the discriminator (a stronger one replaces tokens too well to leave anything to detect)."""
+    return dataclasses.replace(cfg, num_hidden_layers=layers or max(1, cfg.num_hidden_layers // 2))
 
 
 class RTDHead(nn.Module):
@@ -56,7 +56,7 @@ class RTDHead(nn.Module):
 
 @dataclass
 class ElectraOutput:
-    loss: torch.Tensor            # mlm_loss + RTD_WEIGHT * rtd_loss
+    loss: torch.Tensor            # mlm_loss + rtd_weight * rtd_loss
     mlm_loss: torch.Tensor        # the generator's, at the predicted positions
     rtd_loss: torch.Tensor        # the discriminator's binary cross-entropy, summed over tokens / rtd_denominator
     mlm_correct: torch.Tensor     # (B, P) bool: the generator's most likely token is the label
@@ -66,12 +66,16 @@ class ElectraOutput:
 
 
 class ElectraForPreTraining(nn.Module):
-    def __init__(self, cfg: BertConfig, generator: BertForPreTraining | None = None):
+    def __init__(self, cfg: BertConfig, generator: BertForPreTraining | None = None, rtd_weight: float = RTD_WEIGHT,
+                 generator_layers: int = 0):
         super().__init__()
         self.config = cfg
+        # Adam scales each parameter's steps by its own gradients: mostly the shared embeddings feel this weight
+        self.rtd_weight = rtd_weight
         self.bert = BertModel(cfg)  # the discriminator
         self.rtd = RTDHead(cfg)
-        self.generator = generator if generator is not None else BertForPreTraining(generator_config(cfg))
+        self.generator = generator if generator is not None else BertForPreTraining(
+            generator_config(cfg, generator_layers))
         self.generator.bert.embeddings = self.bert.embeddings  # shared: the same Parameters
         self.generator.mlm.decoder_weight = self.bert.embeddings.word.weight
 
@@ -115,15 +119,16 @@ class ElectraForPreTraining(nn.Module):
         rtd_loss = F.binary_cross_entropy_with_logits(rtd_logits[tokens], replaced[tokens].float(),
                                                       reduction="sum") / m
         rtd_correct = ((rtd_logits > 0) == replaced) & tokens
-        return ElectraOutput(mlm_loss + RTD_WEIGHT * rtd_loss, mlm_loss, rtd_loss, mlm_correct, replaced,
+        return ElectraOutput(mlm_loss + self.rtd_weight * rtd_loss, mlm_loss, rtd_loss, mlm_correct, replaced,
                              rtd_correct, rtd_logits)
 
 
-def build(cfg: BertConfig | None, folder: str | Path | None = None) -> ElectraForPreTraining:
+def build(cfg: BertConfig | None, folder: str | Path | None = None, rtd_weight: float = RTD_WEIGHT,
+          generator_layers: int = 0) -> ElectraForPreTraining:
     """A new ELECTRA pair (BERT's initialisation), or one that continues `folder`: its encoder as
     the discriminator, and its generator/ if it has one (an ELECTRA run's), else a new generator."""
     if folder is None:
-        model = ElectraForPreTraining(cfg)
+        model = ElectraForPreTraining(cfg, rtd_weight=rtd_weight, generator_layers=generator_layers)
         init_weights(model, cfg)
         nn.init.zeros_(model.generator.mlm.bias)
         return model
@@ -131,7 +136,7 @@ def build(cfg: BertConfig | None, folder: str | Path | None = None) -> ElectraFo
     generator = None
     if (Path(folder) / GENERATOR / "config.json").is_file():
         generator, _ = load_model(Path(folder) / GENERATOR, quiet=True)
-    model = ElectraForPreTraining(encoder.config, generator)
+    model = ElectraForPreTraining(encoder.config, generator, rtd_weight, generator_layers)
     if generator is None:
         init_weights(model.generator, encoder.config)
         init_weights(model.rtd, encoder.config)

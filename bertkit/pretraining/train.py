@@ -72,6 +72,10 @@ class PretrainConfig:
     recipe: str = "fast"             # fills every option left at None below (see RECIPES)
     objective: str = "mlm-nsp"       # BERT's masked LM + next sentence prediction, or "electra": replaced-token
                                      # detection by the model, on the samples of a small MLM generator (electra.py)
+    rtd_weight: float = electra.RTD_WEIGHT  # electra: loss = generator mlm + rtd_weight x detection (the paper's 50)
+    generator_layers: int = 0        # electra: the generator's layers (0: half the model's, at least one)
+    mask_token_share: float | None = None  # of the chosen tokens, the share shown as [MASK]; half the rest become a
+                                     # random token, half stay (None: BERT's 0.8; electra's 1.0, the paper's)
     budget: str | float | None = None  # wall-clock budget ("10m"); warm-up and decay follow its elapsed share
     steps: int | None = None         # optimizer steps instead of a budget
     batch_size: int | None = None    # sentence pairs per optimizer step
@@ -110,7 +114,7 @@ class PretrainConfig:
     progress: bool = True
 
     # what must not change between a run and its resumption
-    EXACT = ("objective", "corpus", "doc_per_file", "sentence_per_line", "batch_size", "grad_accum", "max_len",
+    EXACT = ("objective", "rtd_weight", "generator_layers", "mask_token_share", "corpus", "doc_per_file", "sentence_per_line", "batch_size", "grad_accum", "max_len",
              "short_len", "short_share", "lr", "warmup", "weight_decay", "clip", "dropout", "mask_prob", "max_predictions",
              "whole_word", "short_seq_prob", "nsp_weight", "seed", "holdout_every", "eval_pairs", "precision")
 
@@ -183,6 +187,8 @@ class PretrainConfig:
                      "max_predictions", "eval_pairs", "keep_checkpoints", "shard_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
+        if self.generator_layers < 0:
+            raise BertkitError(f"--generator-layers must be 0 (half the model's layers) or more, got {self.generator_layers}")
         if self.holdout_every < 0 or self.holdout_every == 1:  # Python's modulo made -4 hold out every 4th document
             raise BertkitError(f"--holdout-every must be 0 (none held out) or at least 2 (1 holds out every document, "
                                f"leaving none to train on), got {self.holdout_every}")
@@ -193,10 +199,12 @@ class PretrainConfig:
         if self.short_len and not 5 <= self.short_len < self.max_len:
             raise BertkitError(f"--short-len must be 0 (one phase) or from 5 to below max_len {self.max_len}, "
                                f"got {self.short_len}")
+        if self.mask_token_share is not None and not 0 <= self.mask_token_share <= 1:
+            raise BertkitError(f"--mask-token-share must be in [0, 1], got {self.mask_token_share}")
         for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1), ("short_share", 0, 1)):
             if not low <= getattr(self, name) < high:
                 raise BertkitError(f"{_flag(name)} must be in [{low}, {high}), got {getattr(self, name)}")
-        for name in ("nsp_weight", "weight_decay"):
+        for name in ("nsp_weight", "weight_decay", "rtd_weight"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise BertkitError(f"{_flag(name)} must be a number >= 0, got {getattr(self, name)}")
         if not (math.isfinite(self.clip) and self.clip > 0):  # 0 would scale every gradient to 0
@@ -348,11 +356,12 @@ def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTrai
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size,
                                      max_position_embeddings=512)
         if cfg.objective == "electra":
-            return electra.build(bert_cfg)
+            return electra.build(bert_cfg, rtd_weight=cfg.rtd_weight, generator_layers=cfg.generator_layers)
         model = BertForPreTraining(bert_cfg)
         init_weights(model, bert_cfg)
         return model
-    model = electra.build(None, cfg.model) if cfg.objective == "electra" else load_model(cfg.model)[0]
+    model = (electra.build(None, cfg.model, cfg.rtd_weight, cfg.generator_layers) if cfg.objective == "electra"
+             else load_model(cfg.model)[0])
     if model.config.vocab_size < tok.vocab_size:
         raise BertkitError(f"{cfg.model}: the model has {model.config.vocab_size} token embeddings but its "
                            f"tokenizer {tok.vocab_size} tokens")
@@ -372,8 +381,10 @@ def _phase_batches(cfg: PretrainConfig, phase: int, store: TokenStore, tok: Word
     if phase == 0:
         max_len, batch_size = cfg.short_len, cfg.batch_size * max(1, round(cfg.max_len / cfg.short_len))
     masking = MaskingConfig(cfg.mask_prob, math.ceil(cfg.max_predictions * max_len / cfg.max_len), cfg.whole_word)
-    if cfg.objective == "electra":  # the generator reads [MASK] at every chosen position (the paper's)
-        masking.mask_token_share, masking.random_token_share = 1.0, 0.0
+    if cfg.mask_token_share is not None or cfg.objective == "electra":
+        # ELECTRA's generator reads [MASK] at every chosen position (the paper's), unless told otherwise
+        share = 1.0 if cfg.mask_token_share is None else cfg.mask_token_share
+        masking.mask_token_share, masking.random_token_share = share, (1 - share) / 2
     return PretrainingBatches(store, tok, max_len, batch_size, masking, cfg.seed if phase else cfg.seed + 2,
                               cfg.short_seq_prob)
 
@@ -708,7 +719,7 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     model.train()
     step_options = dict(grad_accum=cfg.grad_accum, world=world, mask_id=tok.mask_id, autocast=autocast)
     if is_electra:  # the second loss, its weight, and the counts after [MASK]'s, random's and unchanged's
-        accumulate, second, second_weight = electra.accumulate_gradients, "rtd", electra.RTD_WEIGHT
+        accumulate, second, second_weight = electra.accumulate_gradients, "rtd", cfg.rtd_weight
         count_keys = ("rtd_hit", "rtd_n", "rtd_found", "rtd_replaced")
     else:
         accumulate, second, second_weight = accumulate_gradients, "nsp", cfg.nsp_weight
