@@ -21,6 +21,7 @@ benchmarks/results/pretrain_value.json, with the CPU it ran on, and a rerun skip
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import subprocess
@@ -205,7 +206,8 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki
             "tapt3m": "then 3 min on rotten-tomatoes train texts", "electra": "ELECTRA (`--objective electra`)",
             "mask15": "15% masking (`--mask-prob 0.15`)", "w1": "`--rtd-weight 1`",
             "gen2": "a generator of 2 layers (`--generator-layers 2`)",
-            "m80": "BERT's 80/10/10 for the generator (`--mask-token-share 0.8`)"}
+            "m80": "BERT's 80/10/10 for the generator (`--mask-token-share 0.8`)",
+            "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)"}
 CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
 
 
@@ -305,7 +307,7 @@ def plot(results: dict, models: list[str]) -> None:
         # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
         series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
                          if m != "minilm" and m.split("-")[1].endswith("m")})
-        variant_colors = iter(f"C{k}" for k in range(2, 10))  # C0, C1: the presets' own curves
+        variant_colors = itertools.cycle([f"C{k}" for k in range(2, 10)] + ["black", "olive", "teal"])  # C0, C1: presets
         for preset, variant in series:
             points = []
             for model in models:
