@@ -32,7 +32,7 @@ from .tasks.base import Task, TaskModel
 from .tasks.folder import OWN_HEAD, fine_tuned_task, load_task_model, save_task_model, task_max_len  # noqa: F401
 from .tasks.runner import _batches, _decode, _length_order, _mean_loss, evaluate_folder, run_task, task_outputs  # noqa: F401
 from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
-from .training.distributed import Processes, init_processes
+from .training.distributed import Processes, gradient_sync, init_processes
 from .training.log import MetricsLog, plot_losses, progress_bar, write_json
 from .training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
 
@@ -261,9 +261,7 @@ def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: P
         torch.distributed.all_reduce(total)
     for i, micro in enumerate(micros):
         batch = {k: v.to(device) for k, v in task.collate([feats[j] for j in micro], tokenizer).items()}
-        # gradients are averaged across ranks once per step, on the last micro-batch
-        sync = net.no_sync() if procs.world > 1 and i < len(micros) - 1 else contextlib.nullcontext()
-        with sync:
+        with gradient_sync(net, procs.world, i == len(micros) - 1):
             with autocast:
                 loss, _ = net(batch)
             if loss is None or not units[i]:  # no target here: a zero gradient, still a backward

@@ -11,7 +11,6 @@ it in generator/, a BertForPreTraining folder that fill-mask reads.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from ..config import BertConfig
 from ..files import atomic_write
 from ..model import (MLM_ROWS_MULTIPLE, BertForPreTraining, BertModel, Linear, LinearCrossEntropy, init_weights,
                      sample_rows)
+from ..training.distributed import gradient_sync, micro_batches
 from .masking import prediction_kinds
 
 RTD_WEIGHT = 50.0  # the paper's lambda: a token's detection loss is far smaller than a masked token's MLM loss
@@ -106,12 +106,10 @@ class ElectraForPreTraining(nn.Module):
             hit = logits.argmax(-1) == labels
         mlm_correct = torch.zeros_like(valid).masked_scatter_(valid, hit)
 
-        corrupted = input_ids.clone()                                                 # (B, T)
-        slots = torch.zeros_like(mlm_positions).masked_scatter_(valid, sampled)      # (B, P)
-        corrupted.scatter_(1, mlm_positions, torch.where(valid, slots, corrupted.gather(1, mlm_positions)))
-        original = input_ids.clone()
-        original.scatter_(1, mlm_positions, torch.where(valid, mlm_labels, original.gather(1, mlm_positions)))
-        replaced = corrupted != original                                             # (B, T)
+        chosen = valid.nonzero(as_tuple=True)[0], mlm_positions[valid]               # (N,) rows, (N,) columns
+        corrupted = input_ids.index_put(chosen, sampled)                             # (B, T) the samples in place
+        # a sample equal to the original is no replacement
+        replaced = torch.zeros_like(input_ids, dtype=torch.bool).index_put_(chosen, sampled != labels)
         d = self.bert(corrupted, token_type_ids, attention_mask).sequence_output     # (B, T, H)
         rtd_logits = self.rtd(d).float()                                             # (B, T)
         tokens = torch.ones_like(replaced) if attention_mask is None else attention_mask.bool()
@@ -173,13 +171,9 @@ def accumulate_gradients(net, batch: dict, *, n_predictions: int, n_tokens: int,
     predictions, detection over its tokens). Returns, summed and kept on the device: the MLM and
     detection losses, hits and counts at [MASK], random and unchanged positions (the generator's),
     the detection's right calls and tokens, and the replaced tokens and the right calls there."""
-    B = batch["input_ids"].size(0)
-    micro = B // grad_accum
     stats = torch.zeros(12, dtype=torch.float64, device=batch["input_ids"].device)
-    for i in range(grad_accum):
-        mb = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
-        sync = net.no_sync() if world > 1 and i < grad_accum - 1 else contextlib.nullcontext()
-        with sync, autocast:
+    for mb, last in micro_batches(batch, grad_accum):
+        with gradient_sync(net, world, last), autocast:
             o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
                     mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
                     mlm_denominator=n_predictions / world, rtd_denominator=n_tokens / world)

@@ -6,7 +6,6 @@ so a resumed run repeats an uninterrupted one step for step.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -33,7 +32,7 @@ from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
 from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
 from ..precision import TRAINING_PRECISIONS, training_precision
-from ..training.distributed import Processes, init_processes
+from ..training.distributed import Processes, gradient_sync, init_processes, micro_batches
 from ..training.log import MetricsLog, plot_losses, progress_bar, write_json
 from ..training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
 from . import electra
@@ -524,14 +523,9 @@ def accumulate_gradients(net, batch: dict, *, n_predictions: int, grad_accum: in
     mean over pairs, and every micro-batch holds as many pairs.
     Returns, summed over micro-batches and kept on the device: MLM loss and NSP loss (shares of
     the global figures), hits and counts at [MASK], random and unchanged positions, NSP hits."""
-    B = batch["input_ids"].size(0)
-    micro = B // grad_accum
     stats = torch.zeros(9, dtype=torch.float64, device=batch["input_ids"].device)
-    for i in range(grad_accum):
-        mb = {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}
-        # gradients are averaged across ranks once per step, on the last micro-batch
-        sync = net.no_sync() if world > 1 and i < grad_accum - 1 else contextlib.nullcontext()
-        with sync, autocast:
+    for mb, last in micro_batches(batch, grad_accum):
+        with gradient_sync(net, world, last), autocast:
             o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
                     mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
                     nsp_labels=mb["nsp_labels"], mlm_denominator=n_predictions / world)

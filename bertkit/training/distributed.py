@@ -2,6 +2,7 @@
 the loops need. A plain run is rank 0 of 1 and every helper is then a no-op."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
@@ -82,6 +83,19 @@ class Processes:
         if self.world == 1:
             return model
         return torch.nn.parallel.DistributedDataParallel(model, **ddp_options)
+
+
+def gradient_sync(net: torch.nn.Module, world: int, last: bool):
+    """The context of one micro-batch's backward: gradients are averaged across ranks once per
+    step, on the last micro-batch; the others accumulate under DistributedDataParallel's no_sync."""
+    return net.no_sync() if world > 1 and not last else contextlib.nullcontext()
+
+
+def micro_batches(batch: dict, grad_accum: int):
+    """`grad_accum` equal slices of a batch's rows (a dict of tensors), each with whether it is the last."""
+    micro = next(iter(batch.values())).size(0) // grad_accum
+    for i in range(grad_accum):
+        yield {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}, i == grad_accum - 1
 
 
 def init_processes() -> Processes:
