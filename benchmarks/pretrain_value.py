@@ -96,7 +96,8 @@ def pretrain(preset: str, minutes: int, extra: list[str], name: str | None = Non
     if key in load() and (out / "summary.json").is_file():
         print(f"{name}: done")
         return
-    budget = ["--steps", "1"] if minutes == 0 else ["--budget", f"{minutes}m"]
+    # --pretrain-args --steps N: the steps N quiet minutes reach, for a run that shares the CPU
+    budget = [] if "--steps" in extra else ["--steps", "1"] if minutes == 0 else ["--budget", f"{minutes}m"]
     cmd = [str(ROOT / ".venv" / "bin" / "bertkit"), "pretrain", "--model", preset, *budget, "--out", str(out),
            "--no-samples", *extra]
     if out.exists():

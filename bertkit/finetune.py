@@ -13,7 +13,6 @@ import json
 import math
 import shutil
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,10 +30,11 @@ from .tasks import DEFAULTS, get_task
 from .tasks.base import Task, TaskModel
 from .tasks.folder import OWN_HEAD, fine_tuned_task, load_task_model, save_task_model, task_max_len  # noqa: F401
 from .tasks.runner import _batches, _decode, _length_order, _mean_loss, evaluate_folder, run_task, task_outputs  # noqa: F401
-from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
+from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng
 from .training.distributed import Processes, gradient_sync, init_processes
-from .training.log import MetricsLog, plot_losses, progress_bar, write_json
-from .training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
+from .training.log import MetricsLog, plot_losses, write_json
+from .training.loop import STOP, Job, Loop, RunClock, StepResult, changed_options, seed_rank
+from .training.step import check_seed, parse_duration
 
 
 @dataclass
@@ -205,8 +205,7 @@ def _check_out(cfg: FinetuneConfig, out: Path, log) -> Path | None:
     if ckpt is None:
         raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
     saved = json.loads((ckpt / "trainer.json").read_text())["options"]
-    changed = [f"{k}: {v!r} in the checkpoint vs {getattr(cfg, k)!r} now" for k, v in saved.items()
-               if v != getattr(cfg, k)]
+    changed = changed_options(saved, _options(cfg), "in the checkpoint")
     if changed:
         raise BertkitError(f"{ckpt}: cannot resume exactly with changed options ({'; '.join(changed)})")
     check_output_folder(out, overwrite=True)  # still writable?
@@ -223,8 +222,7 @@ def _finished(cfg: FinetuneConfig, out: Path) -> dict | None:
         saved = {k: summary["config"][k] for k in FinetuneConfig.EXACT}
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    changed = [f"{k}: {v!r} in the finished run vs {getattr(cfg, k)!r} now" for k, v in saved.items()
-               if v != getattr(cfg, k)]
+    changed = changed_options(saved, _options(cfg), "in the finished run")
     if changed:
         raise BertkitError(f"{out}: the run there is finished; a resume with changed options would not continue it "
                            f"({'; '.join(changed)}); start a new run in another --out")
@@ -275,6 +273,88 @@ def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: P
     return float(loss_sum / total) if float(total) else None
 
 
+class _FinetuneJob(Job):
+    """A task's fine-tuning for the Loop: shuffled epochs of feature batches (by length), one
+    step's gradients, and at each epoch's end the evaluation, the best epoch's model in OUT and
+    the patience policy."""
+    epoch_checkpoints = True
+
+    def __init__(self, cfg: FinetuneConfig, task: Task, model: TaskModel, opt, procs: Processes, tok,
+                 train_feats: list[dict], eval_feats: list[dict], eval_ex: list, metrics, log, autocast,
+                 state: dict | None, out: Path):
+        self.cfg, self.task, self.model, self.opt, self.procs, self.tok = cfg, task, model, opt, procs, tok
+        self.train_feats, self.eval_feats, self.eval_ex = train_feats, eval_feats, eval_ex
+        self.metrics, self.log, self.autocast, self.out = metrics, log, autocast, out
+        # a task's model may leave parameters out of its loss (the pooler under mean pooling)
+        self.net = procs.wrap(_Step(task, model), find_unused_parameters=True)
+        self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (1, 0)
+        self.best, self.best_epoch, self.stale, self.history = (
+            (state["best"], state["best_epoch"], state["stale"], state["history"]) if state else (None, 0, 0, []))
+        self.groups = self._groups()
+
+    def _groups(self) -> list[list[int]]:
+        g = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.epoch)
+        return _epoch_groups(self.train_feats, self.cfg.batch_size, self.cfg.group_by_length, g)
+
+    def next_batch(self, loop: Loop) -> list[int]:
+        self.batch += 1
+        return self.groups[self.batch - 1]
+
+    def gradients(self, group: list[int]) -> StepResult:
+        loss = accumulate_gradients(self.net, self.task, [self.train_feats[j] for j in group], self.tok, self.procs,
+                                    self.cfg.grad_accum, self.autocast)
+        return StepResult(loss, {"loss": loss or 0.0}, len(group))
+
+    def record(self, window: dict) -> dict:
+        return {"epoch": self.epoch}
+
+    def epoch_done(self, loop: Loop) -> bool:
+        return self.batch >= len(self.groups) or loop.last  # the run's end evaluates too (a budget's mid-epoch)
+
+    def end_epoch(self, loop: Loop) -> bool:
+        # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
+        with loop.timed("eval_s"):
+            evaluated = _evaluate(self.task, self.model, self.eval_feats, self.eval_ex, self.tok,
+                                  self.cfg.eval_batch_size, self.procs)
+        self.model.train()
+        stop_early = False
+        if self.procs.main:
+            task, epoch = self.task, self.epoch
+            preds, eval_loss = evaluated
+            scores = {k: _json_number(v) for k, v in task.metrics(preds, self.eval_ex).items()}
+            eval_loss = _json_number(eval_loss)
+            self.metrics.write({"step": loop.step, "epoch": epoch, "eval_loss": eval_loss,
+                                **{f"eval_{k}": v for k, v in scores.items() if v is None or isinstance(v, (int, float))}})
+            self.history.append({"epoch": epoch, **scores, "eval_loss": eval_loss})
+            score = scores[task.primary_metric]  # None: the metric was NaN or infinite
+            self.log(f"epoch {epoch}: {task.primary_metric} " + (f"{score:.4f}" if score is not None else "NaN")
+                     + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
+            # a NaN metric is worse than any number: it never replaces a saved model
+            if score is not None and (self.best is None or score > self.best):
+                self.best, self.best_epoch, self.stale = score, epoch, 0
+                save_task_model(self.model, task, self.tok, self.out)
+            else:
+                self.stale += 1
+                if self.cfg.patience is not None and self.stale >= self.cfg.patience:
+                    self.log(f"no improvement for {self.stale} epoch(s): stopping early")
+                    stop_early = True
+        self.epoch, self.batch = self.epoch + 1, 0  # a checkpoint from here starts the next epoch
+        self.groups = self._groups()
+        return self.procs.broadcast(stop_early)
+
+    def save(self, folder: Path) -> None:
+        save_task_model(self.model, self.task, self.tok, folder)
+
+    def state(self) -> dict:
+        return {"epoch": self.epoch, "batch": self.batch, "best": self.best, "best_epoch": self.best_epoch,
+                "stale": self.stale, "history": self.history}
+
+    def diverged(self, loop: Loop) -> str:
+        return (f"step {loop.step}: {loop.guard.in_a_row} steps in a row had a non-finite loss or gradient "
+                f"({loop.guard.skipped} skipped in all): training diverged; lower --lr (it is {self.cfg.lr:g}; "
+                f"try {self.cfg.lr / 10:g})")
+
+
 def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     """Fine-tune (or resume fine-tuning) a model folder for a task; returns the summary also
     written to OUT/summary.json (None on the other ranks of a torchrun job: rank 0 writes).
@@ -283,7 +363,7 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     Under torchrun each of the W processes takes its share of every batch (the same global
     batch as one process), DistributedDataParallel averages the gradients, each rank evaluates a
     part of the evaluation set and rank 0 decodes, scores and writes."""
-    clock = time.perf_counter()
+    clock = RunClock()
     procs = init_processes()
     main = procs.main
     out = Path(cfg.out)
@@ -322,19 +402,13 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
     device = procs.device
     model.to(device)
     precision = training_precision(device, cfg.precision)
-    autocast = procs.autocast(precision)
     train_feats = task.features(train_ex, tok, cfg.max_len)
     eval_feats = task.features(eval_ex, tok, cfg.max_len)
     log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation; "
         f"training in {precision}{' (bf16 autocast)' if precision == 'bf16' else ''}, evaluation in fp32")
 
     opt = adamw(model, cfg.lr, cfg.weight_decay)
-    per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
-    total = per_epoch * cfg.epochs
-    warmup_steps = max(1, int(cfg.warmup * total))  # as transformers' linear schedule counts it
-    epoch, batch_index, step, elapsed0, start_s = 1, 0, 0, 0.0, None
-    best, best_epoch, stale, history = None, 0, 0, []
-    guard = Guard(MAX_SKIPPED_IN_A_ROW)
+    state = None
     if ckpt is not None:
         state, tensors = read_state(ckpt)
         resumed_task, resumed, _ = load_task_model(ckpt, cfg.task, device=device)
@@ -350,167 +424,46 @@ def finetune(cfg: FinetuneConfig, on_step=None) -> dict | None:
         opt.load_state_dict(tensors["optimizer"])
         if state.get("world_size", 1) == procs.world:
             restore_rng(tensors, procs.rank, device)
-        else:  # the same global batches and schedule; each rank's dropout masks cannot carry over
-            torch.manual_seed(cfg.seed + 1000 * state["step"] + procs.rank)
-            log(f"{ckpt} was written by {state.get('world_size', 1)} process(es), resumed in {procs.world}: "
-                "the same global batches and schedule; new dropout masks")
-        epoch, batch_index, step, elapsed0 = state["epoch"], state["batch"], state["step"], state["elapsed_s"]
-        start_s = state["start_s"]
-        best, best_epoch, stale, history = state["best"], state["best_epoch"], state["stale"], state["history"]
-        guard.load(state["guard"])
-        log(f"resuming {out} at step {step} (epoch {epoch}, batch {batch_index})")
-    elif procs.rank:
-        torch.manual_seed(cfg.seed + procs.rank)  # other dropout masks on each rank
+        clock.spent = state["elapsed_s"]
+        log(f"resuming {out} at step {state['step']} (epoch {state['epoch']}, batch {state['batch']})")
+    seed_rank(procs, cfg.seed, state, log)
     if main:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
-    metrics_log = MetricsLog(out, resume_step=step if ckpt is not None else None) if main else None
-    if main and ckpt is not None and batch_index:
+    metrics_log = MetricsLog(out, resume_step=state["step"] if state else None) if main else None
+    if main and state and state["batch"]:
         # a checkpoint inside its epoch (save_every can land on the epoch's last step): the epoch's
         # evaluation, if it ran before the crash, runs again
-        metrics_log.drop_records(lambda r: "eval_loss" in r and r.get("epoch") == epoch)
-    # a task's model may leave parameters out of its loss (the pooler under mean pooling)
-    net = procs.wrap(_Step(task, model), find_unused_parameters=True)
-    elapsed = lambda: elapsed0 + time.perf_counter() - clock  # noqa: E731 (a budget's clock)
-    if start_s is None:
-        start_s = elapsed()  # when training began: the budget's schedule spans from here
-
-    def save(epoch_now: int, batch_now: int, finished: bool = False) -> None:
-        rng = procs.rng_states()
-        if main:
-            save_checkpoint(out, step, lambda folder: save_task_model(model, task, tok, folder),
-                            {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
-                            {"epoch": epoch_now, "batch": batch_now, "elapsed_s": elapsed(), "best": best,
-                             "best_epoch": best_epoch, "stale": stale, "history": history, "guard": guard.state(),
-                             "start_s": start_s, "eval_s": eval_s, "finished": finished, "window": window,
-                             "world_size": procs.world, "options": _options(cfg)}, cfg.keep_checkpoints)
-        procs.barrier()
-
-    # the steps since the last loss record, kept in checkpoints: a resumed run logs them with its next record
-    window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
-    saved = state.get("window") if ckpt is not None else None  # none in checkpoints from before it was kept
-    if isinstance(saved, dict) and saved.keys() == window.keys():
-        window = saved
-    bar = progress_bar(cfg.progress and main, total=round(cfg.budget) if cfg.budget else total,
-                       initial=round(elapsed0) if cfg.budget else step, unit="s" if cfg.budget else "step",
-                       dynamic_ncols=True)
-    signals = StopSignals()
-    signals.install()
-    step_s, eval_s, out_of_time = 0.0, (state.get("eval_s", 0.0) if ckpt is not None else 0.0), False
-    # resumed from the last checkpoint of a run that stopped early or ran out of its budget (stopped
-    # before its summary was written): nothing is left to train (it trained and evaluated on)
-    finished = ckpt is not None and bool(state.get("finished"))
-    try:
-        while not finished and not out_of_time and (cfg.budget or epoch <= cfg.epochs):
-            model.train()
-            g = torch.Generator().manual_seed(cfg.seed * 1000 + epoch)
-            groups = _epoch_groups(train_feats, cfg.batch_size, cfg.group_by_length, g)
-            for b in range(batch_index, len(groups)):
-                if cfg.budget:  # the schedule ends where the closing evaluation must begin
-                    lr = cfg.lr * lr_factor(elapsed() - start_s, cfg.budget - eval_s - start_s, cfg.warmup,
-                                            step_s or cfg.budget / 1000)
-                else:
-                    lr = cfg.lr * lr_factor(step, total, warmup_steps / total, 1)
-                set_lr(opt, lr)
-                t0 = time.perf_counter()
-                batch_loss = accumulate_gradients(net, task, [train_feats[j] for j in groups[b]], tok, procs,
-                                                  cfg.grad_accum, autocast)
-                # checked before opt.step: a NaN/inf loss or gradient never reaches the weights (nor
-                # AdamW's moments); such a step is skipped, and a run of them stops the run. A batch
-                # with no target at all steps on zero gradients and logs no loss.
-                finite, _ = clipped_step(model, opt, cfg.clip, batch_loss is None or math.isfinite(batch_loss), guard)
-                step += 1
-                took = time.perf_counter() - t0
-                step_s = 0.8 * step_s + 0.2 * took if step_s else took
-                if finite and batch_loss is not None:
-                    window["loss"] += batch_loss
-                    window["n"] += 1
-                    window["examples"] += len(groups[b])
-                    window["compute"] += took
-                elif not finite:
-                    log(f"step {step}: the loss or gradient norm is not finite; step skipped ({guard.skipped} so far)")
-                    if guard.in_a_row >= guard.limit:
-                        raise BertkitError(
-                            f"step {step}: {guard.in_a_row} steps in a row had a non-finite loss or gradient "
-                            f"({guard.skipped} skipped in all): training diverged; lower --lr (it is {cfg.lr:g}; "
-                            f"try {cfg.lr / 10:g})")
-                # rank 0's clock and anyone's signal: every rank stops at the same step
-                (now, step_s, eval_s), interrupted = procs.agree_with_rank_0([elapsed(), step_s, eval_s],
-                                                                             bool(signals))
-                out_of_time = bool(cfg.budget) and now + step_s > cfg.budget - eval_s
-                bar.update(round(now - bar.n) if cfg.budget else 1)
-                # a window of only skipped steps has no loss to log: it is logged with the next window.
-                # Each epoch's last step logs too: the run may stop after its evaluation (--patience)
-                last_of_epoch = b == len(groups) - 1
-                if main and (step % cfg.log_every == 0 or step == total or out_of_time or last_of_epoch) and window["n"]:
-                    rec = {"step": step, "epoch": epoch, "loss": window["loss"] / window["n"], "lr": lr,
-                           "elapsed_s": now, "pairs_per_s": window["examples"] / window["compute"],
-                           "skipped_steps": guard.skipped}
-                    metrics_log.write(rec)
-                    bar.set_postfix(loss=f"{rec['loss']:.4f}")
-                    window = {"loss": 0.0, "n": 0, "examples": 0, "compute": 0.0}
-                if (cfg.save_every and step % cfg.save_every == 0) or interrupted:
-                    save(epoch, b + 1)
-                if interrupted:
-                    signals.stop(step, "continue with the same command and --resume")
-                if on_step is not None:
-                    on_step(step, model)
-                if out_of_time:
-                    break
-            batch_index = 0
-            # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
-            t_eval = time.perf_counter()
-            evaluated = _evaluate(task, model, eval_feats, eval_ex, tok, cfg.eval_batch_size, procs)
-            eval_s = time.perf_counter() - t_eval
-            stop_early = False
-            if main:
-                preds, eval_loss = evaluated
-                scores = {k: _json_number(v) for k, v in task.metrics(preds, eval_ex).items()}
-                eval_loss = _json_number(eval_loss)
-                rec = {"step": step, "epoch": epoch, "eval_loss": eval_loss,
-                       **{f"eval_{k}": v for k, v in scores.items() if v is None or isinstance(v, (int, float))}}
-                metrics_log.write(rec)
-                history.append({"epoch": epoch, **scores, "eval_loss": eval_loss})
-                score = scores[task.primary_metric]  # None: the metric was NaN or infinite
-                log(f"epoch {epoch}: {task.primary_metric} " + (f"{score:.4f}" if score is not None else "NaN")
-                    + (f", eval loss {eval_loss:.4f}" if eval_loss else ""))
-                # a NaN metric is worse than any number: it never replaces a saved model
-                if score is not None and (best is None or score > best):
-                    best, best_epoch, stale = score, epoch, 0
-                    save_task_model(model, task, tok, out)
-                else:
-                    stale += 1
-                    if cfg.patience is not None and stale >= cfg.patience:
-                        log(f"no improvement for {stale} epoch(s): stopping early")
-                        stop_early = True
-            stop_early = procs.broadcast(stop_early)
-            epoch += 1
-            save(epoch, 0, finished=stop_early or out_of_time)  # the epoch's end: a resume starts the next one
-            if stop_early:
-                break
-    except RuntimeError as e:
-        procs.lost_peer(e, out)
-        raise
-    finally:
-        bar.close()
-        signals.restore()
+        metrics_log.drop_records(lambda r: "eval_loss" in r and r.get("epoch") == state["epoch"])
+    job = _FinetuneJob(cfg, task, model, opt, procs, tok, train_feats, eval_feats, eval_ex, metrics_log, log,
+                       procs.autocast(precision), state, out)
+    per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
+    total = per_epoch * cfg.epochs if not cfg.budget else None
+    warmup = max(1, int(cfg.warmup * total)) / total if total else cfg.warmup  # as transformers' linear schedule counts it
+    loop = Loop(job, procs, out, lr=cfg.lr, warmup=warmup, clip=cfg.clip, steps=total, budget=cfg.budget, clock=clock,
+                save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every,
+                options=_options(cfg), metrics=metrics_log, log=log, progress=cfg.progress,
+                how_to_continue="continue with the same command and --resume", non_finite=STOP,
+                max_bad_steps=MAX_SKIPPED_IN_A_ROW, resumed=state, schedule_can_change=False, on_step=on_step)
+    model.train()
+    loop.run()
     if not main:
         return None
     note = None
-    if best_epoch == 0:
+    if job.best_epoch == 0:
         # no epoch had a number to compare: the run still ends as a model folder (the last model)
-        best_epoch = len(history)
+        job.best_epoch = len(job.history)
         save_task_model(model, task, tok, out)
         note = (f"the evaluation {task.primary_metric} was not a number (NaN) after every epoch; "
-                f"saved the last epoch's model (epoch {best_epoch})")
+                f"saved the last epoch's model (epoch {job.best_epoch})")
         log(note)
     records = metrics_log.records()
     plot_losses(records, out / "loss.png", [("loss", "train"), ("eval_loss", "eval")],
                 f"fine-tuning {cfg.task} from {Path(cfg.model).name}")
-    summary = {"task": cfg.task, "best_epoch": best_epoch, f"best_{task.primary_metric}": best,
-               "best_metrics": history[best_epoch - 1], "epochs_run": len(history), "history": history,
-               "train_examples": len(train_ex), "eval_examples": len(eval_ex), "steps": step,
-               "skipped_steps": guard.skipped, "train_s": elapsed(), "processes": procs.world,
+    summary = {"task": cfg.task, "best_epoch": job.best_epoch, f"best_{task.primary_metric}": job.best,
+               "best_metrics": job.history[job.best_epoch - 1], "epochs_run": len(job.history), "history": job.history,
+               "train_examples": len(train_ex), "eval_examples": len(eval_ex), "steps": loop.step,
+               "skipped_steps": loop.guard.skipped, "train_s": clock(), "processes": procs.world,
                "pairs_per_s": sum(r.get("pairs_per_s", 0) for r in records if "pairs_per_s" in r)
                / max(1, sum(1 for r in records if "pairs_per_s" in r)),
                "device": str(device), "precision": precision, "config": dataclasses.asdict(cfg)}

@@ -30,11 +30,12 @@ from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
 from ..outputs import check_output_folder
 from ..tokenizer import WordPieceTokenizer
-from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng, save_checkpoint
+from ..training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng
 from ..precision import TRAINING_PRECISIONS, training_precision
 from ..training.distributed import Processes, gradient_sync, init_processes, micro_batches
-from ..training.log import MetricsLog, plot_losses, progress_bar, write_json
-from ..training.step import Guard, StopSignals, check_seed, clipped_step, lr_factor, parse_duration, set_lr
+from ..training.log import MetricsLog, plot_losses, write_json
+from ..training.loop import ROLL_BACK, Job, Loop, RunClock, StepResult, changed_options, seed_rank
+from ..training.step import check_seed, parse_duration
 from . import electra
 from .batches import Position, PretrainingBatches
 from .corpus import check_corpus_name, check_sentence_per_line
@@ -401,19 +402,6 @@ def _options(cfg: PretrainConfig) -> dict:
     return {k: getattr(cfg, k) for k in PretrainConfig.EXACT}
 
 
-def _save(out: Path, step: int, model, opt, position: Position, phase: int, pairs_seen: int, cfg: PretrainConfig,
-          procs: Processes, elapsed: float, start_s: float, lr_scale: float, rng: tuple[list, list],
-          clock: dict) -> None:
-    save = (lambda folder: electra.save(model, folder, head=True)) if cfg.objective == "electra" else (
-        lambda folder: save_model(model, folder))
-    save_checkpoint(out, step, save,
-                    {"optimizer": opt.state_dict(), "torch_rng": rng[0], "cuda_rng": rng[1]},
-                    {"phase": phase, "epoch": position.epoch, "batch": position.batch, "pairs_seen": pairs_seen,
-                     "elapsed_s": elapsed, "start_s": start_s, "lr_scale": lr_scale, "world_size": procs.world,
-                     "options": _options(cfg), **clock},
-                    cfg.keep_checkpoints)
-
-
 def _restore(ckpt: Path, model, opt, procs: Processes) -> dict:
     """Weights, optimizer and this rank's RNG (if the checkpoint has one) from a checkpoint;
     returns its trainer.json."""
@@ -440,8 +428,7 @@ def _check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining)
                 for f in dataclasses.fields(saved) if getattr(saved, f.name) != getattr(model.config, f.name)]
         raise BertkitError(f"{ckpt} was written by a different model configuration ({'; '.join(diff)}); "
                            "resume with the options of that run or choose another --out")
-    changed = [f"{k}: {v} in the checkpoint vs {getattr(cfg, k)} now"
-               for k, v in state["options"].items() if v != getattr(cfg, k)]
+    changed = changed_options(state["options"], _options(cfg), "in the checkpoint")
     if changed:
         raise BertkitError(f"{ckpt}: cannot resume exactly with changed options ({'; '.join(changed)})")
     return state
@@ -582,6 +569,130 @@ class _Prefetch:
         self.thread.join(timeout=60)
 
 
+def _phase_of(state: dict) -> int:
+    return state.get("phase", 1)  # checkpoints from before phases: one phase
+
+
+class _PretrainJob(Job):
+    """MLM + NSP (or ELECTRA) on the prepared shards for the Loop: the batches (a first phase of
+    short pairs, if the recipe has one), one step's gradients and counts, the held-out
+    evaluation every --eval-every steps and at the end, and the checkpoint's files and position."""
+
+    def __init__(self, cfg: PretrainConfig, model, opt, procs: Processes, tok: WordPieceTokenizer,
+                 store: TokenStore, eval_batches: list[dict], metrics, log, state: dict | None, *, phase: int,
+                 autocast):
+        self.cfg, self.model, self.opt, self.procs, self.tok, self.store = cfg, model, opt, procs, tok, store
+        self.eval_batches, self.metrics, self.log, self.phase = eval_batches, metrics, log, phase
+        self.position = Position(state["epoch"], state["batch"]) if state else Position()
+        self.pairs_seen = state.get("pairs_seen", state["step"] * cfg.batch_size) if state else 0
+        self.is_electra = cfg.objective == "electra"
+        # ELECTRA trains neither encoder's pooler nor the generator's NSP head: DDP must not wait for their gradients
+        self.eager = procs.wrap(model, **({"find_unused_parameters": True} if self.is_electra else {}))
+        self.net = torch.compile(self.eager) if cfg.compile else self.eager
+        self.options = dict(grad_accum=cfg.grad_accum, world=procs.world, mask_id=tok.mask_id, autocast=autocast)
+        # the second loss, its weight, and the counts after [MASK]'s, random's and unchanged's
+        if self.is_electra:
+            self.second, self.second_weight = "rtd", cfg.rtd_weight
+            self.counts = ("rtd_hit", "rtd_n", "rtd_found", "rtd_replaced")
+        else:
+            self.second, self.second_weight = "nsp", cfg.nsp_weight
+            self.counts = ("nsp_hit",)
+            self.options["nsp_weight"] = cfg.nsp_weight
+        self.counts = ("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", *self.counts)
+        self.sums = ("loss", "mlm", self.second, *self.counts)
+        self.last_eval = None
+        self.data_iter = None
+        self._open()
+
+    def _open(self) -> None:
+        """The batches of the phase, from the position (a phase switch, a roll-back)."""
+        if self.data_iter is not None:
+            self.data_iter.close()
+        self.batches = _phase_batches(self.cfg, self.phase, self.store, self.tok)
+        self.data_iter = _Prefetch(self.batches.iterate(self.position))
+
+    def close(self) -> None:
+        self.data_iter.close()
+
+    def next_batch(self, loop: Loop) -> dict:
+        cfg = self.cfg
+        if self.phase == 0 and not _in_short_phase(cfg, loop.step, loop.now - loop.start_s,
+                                                   loop.end - loop.start_s if cfg.budget else 0.0):
+            loop.write_window()  # the short pairs' last steps: logged as theirs
+            self.phase, self.position = 1, Position()  # on to full-length pairs (every rank at the same step)
+            self._open()
+            self.log(f"step {loop.step}: pairs of {cfg.max_len} tokens from now on")
+        self.position, batch = next(self.data_iter)
+        return batch
+
+    def gradients(self, batch: dict) -> StepResult:
+        rank, world = self.procs.rank, self.procs.world
+        local = self.batches.batch_size // world  # this rank's rows of the batch
+        options = dict(self.options, n_predictions=int((batch["mlm_labels"] != -100).sum()))  # the global batch's
+        if self.is_electra:
+            options["n_tokens"] = int(batch["attention_mask"].sum())
+        batch = {k: v[rank * local:(rank + 1) * local].to(self.procs.device, non_blocking=True) for k, v in batch.items()}
+        accumulate = electra.accumulate_gradients if self.is_electra else accumulate_gradients
+        try:
+            stats = accumulate(self.net, batch, **options)
+        except Exception as e:  # compilation happens at the first call; its errors come from anywhere
+            if self.net is self.eager:
+                raise
+            self.log(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+                     "continuing without it")
+            self.net = self.eager
+            self.opt.zero_grad(set_to_none=True)
+            stats = accumulate(self.net, batch, **options)
+        if world > 1:
+            dist.all_reduce(stats)
+            stats[1] /= world
+        mlm, other, *counts = stats.tolist()  # the one read-back per step (other: NSP's or RTD's loss)
+        self.pairs_seen += self.batches.batch_size
+        return StepResult(mlm + other, {"loss": mlm + self.second_weight * other, "mlm": mlm, self.second: other,
+                                        **dict(zip(self.counts, counts))}, self.batches.batch_size)
+
+    def record(self, w: dict) -> dict:
+        s, share = w["steps"], lambda hit, n: w[hit] / max(1, w[n])
+        record = {"mlm_loss": w["mlm"] / s, f"{self.second}_loss": w[self.second] / s,
+                  # accuracy at [MASK] positions (ELECTRA's generator's); random and unchanged positions apart
+                  "mlm_acc": share("mask_hit", "mask_n"), "mlm_acc_random": share("rand_hit", "rand_n"),
+                  "mlm_acc_unchanged": share("same_hit", "same_n")}
+        if self.is_electra:  # the detection's right calls over all tokens, and the share of replaced ones found
+            record.update(rtd_acc=share("rtd_hit", "rtd_n"), rtd_replaced_recall=share("rtd_found", "rtd_replaced"))
+        else:
+            record["nsp_acc"] = w["nsp_hit"] / w["examples"]
+        return {**record, "phase": self.phase, "max_len": self.batches.max_len, "epoch": self.position.epoch}
+
+    def postfix(self, record: dict) -> dict:
+        return {"mlm": f"{record['mlm_loss']:.3f}", "acc": f"{record['mlm_acc']:.3f}",
+                self.second: f"{record[f'{self.second}_loss']:.3f}", "pairs_s": f"{record['pairs_per_s']:.0f}"}
+
+    def after_step(self, loop: Loop) -> None:
+        if self.procs.main and self.eval_batches and (loop.step % self.cfg.eval_every == 0 or loop.last):
+            with loop.timed("eval_s"):
+                self.last_eval = {"step": loop.step, **_evaluate(self.model, self.eval_batches, self.procs.device,
+                                                                 self.tok.mask_id, self.cfg.seed),
+                                  "elapsed_s": loop.clock()}
+                self.metrics.write(self.last_eval)
+
+    def save(self, folder: Path) -> None:
+        if self.is_electra:
+            electra.save(self.model, folder, head=True)
+        else:
+            save_model(self.model, folder)
+
+    def state(self) -> dict:
+        return {"phase": self.phase, "epoch": self.position.epoch, "batch": self.position.batch,
+                "pairs_seen": self.pairs_seen}
+
+    def restore(self, ckpt: Path) -> dict:
+        state = _restore(ckpt, self.model, self.opt, self.procs)
+        self.phase, self.position = _phase_of(state), Position(state["epoch"], state["batch"])
+        self.pairs_seen = state.get("pairs_seen", state["step"] * self.cfg.batch_size)
+        self._open()
+        return state
+
+
 def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     """Run (or resume) a pretraining run; returns the summary also written to OUT/summary.json
     (None on the other ranks of a torchrun job: rank 0 writes every file).
@@ -591,9 +702,9 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     resumes; warm-up and decay follow the elapsed share of the budget. Under torchrun each of
     the W processes takes 1/W of every batch (the same global batch a single process would see)
     and DistributedDataParallel averages the gradients."""
-    clock = time.perf_counter()
+    clock = RunClock()
     procs = init_processes()
-    rank, world, device, main = procs.rank, procs.world, procs.device, procs.main
+    world, device, main = procs.world, procs.device, procs.main
     cfg.out = procs.broadcast(cfg.out)  # the default --out holds a time stamp: rank 0's for all
     if cfg.batch_size % (world * cfg.grad_accum):
         raise BertkitError(f"batch size {cfg.batch_size} is not divisible by {world} processes x "
@@ -668,266 +779,78 @@ def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
     model = _build_model(cfg, tok)
     set_dropout(model, cfg.dropout)
     model.to(device)
-    if rank:
-        torch.manual_seed(cfg.seed + rank)  # other dropout masks on each rank
     precision = training_precision(device, cfg.precision)
-    autocast = procs.autocast(precision)
     if cfg.precision == "auto":
         log(f"training steps in {'bf16 autocast' if precision == 'bf16' else 'fp32'} on {device.type}; "
             "--precision to choose")
     opt = _optimizer(model, cfg)
-    step, position, elapsed0, lr_scale = 0, Position(), 0.0, 1.0
-    phase_of = lambda state: state.get("phase", 1)  # checkpoints from before phases: one phase
-    pairs_seen = 0
+    state = None
     if ckpt is not None:
         state = _check_resumable(ckpt, cfg, model)
         _restore(ckpt, model, opt, procs)
-        if state.get("world_size", 1) != world:
-            # the global batch, the schedule and the data position carry over; each rank's dropout
-            # masks cannot (they were drawn per rank), so the run continues close to, not exactly as,
-            # an uninterrupted one
-            torch.manual_seed(cfg.seed + 1000 * state["step"] + rank)
-            log(f"{ckpt} was written by {state.get('world_size', 1)} process(es), resumed in {world}: the same "
-                "global batches and schedule; new dropout masks")
-        step, position, elapsed0 = state["step"], Position(state["epoch"], state["batch"]), state["elapsed_s"]
-        phase = phase_of(state)
-        pairs_seen = state.get("pairs_seen", step * cfg.batch_size)
-        lr_scale = state.get("lr_scale", 1.0)
-        log(f"resuming {out} at step {step} (phase {phase}, epoch {position.epoch}, batch {position.batch}"
-            + (f", {elapsed0:.0f} s of the {cfg.budget:.0f} s budget spent)" if cfg.budget else ")"))
+        log(f"resuming {out} at step {state['step']} (phase {state.get('phase', 1)}, epoch {state['epoch']}, "
+            f"batch {state['batch']}" + (f", {state['elapsed_s']:.0f} s of the {cfg.budget:.0f} s budget spent)"
+                                         if cfg.budget else ")"))
         # a longer (or shorter) run is allowed, but its learning rate schedule is no longer the one it ran on
         before = ("budget", state["budget"]) if state.get("budget") else ("steps", state.get("steps"))
         now_is = ("budget", cfg.budget) if cfg.budget else ("steps", cfg.steps)
         if "schedule_end" in state and before != now_is:
             log(f"the schedule changes on resumption: {before[0]} {before[1]:g} before, {now_is[0]} {now_is[1]:g} "
                 "now; the learning rate follows the new one from here")
-    metrics = MetricsLog(out, cfg.tensorboard, resume_step=step if ckpt is not None else None) if main else None
+        clock.spent = state["elapsed_s"]
+    seed_rank(procs, cfg.seed, state, log)
+    metrics = MetricsLog(out, cfg.tensorboard, resume_step=state["step"] if state else None) if main else None
     if main and ckpt is not None:
         write_json(out / "pretrain_config.json", dataclasses.asdict(cfg))
-    is_electra = cfg.objective == "electra"
-    # ELECTRA trains neither encoder's pooler nor the generator's NSP head: DDP must not wait for their gradients
-    eager = procs.wrap(model, **({"find_unused_parameters": True} if is_electra else {}))
-    net = torch.compile(eager) if cfg.compile else eager
-    elapsed = lambda: elapsed0 + time.perf_counter() - clock  # the budget's clock
-
+    job = _PretrainJob(cfg, model, opt, procs, tok, train_store, eval_batches, metrics, log, state,
+                       phase=_phase_of(state) if state else phase, autocast=procs.autocast(precision))
+    loop = Loop(job, procs, out, lr=cfg.lr, warmup=cfg.warmup, clip=cfg.clip, steps=cfg.steps, budget=cfg.budget,
+                clock=clock, save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every,
+                options=_options(cfg), metrics=metrics, log=log, progress=cfg.progress,
+                how_to_continue=f"continue with --resume --out {out}", non_finite=ROLL_BACK,
+                max_bad_steps=MAX_BAD_STEPS, resumed=state, on_step=on_step)
     model.train()
-    step_options = dict(grad_accum=cfg.grad_accum, world=world, mask_id=tok.mask_id, autocast=autocast)
-    if is_electra:  # the second loss, its weight, and the counts after [MASK]'s, random's and unchanged's
-        accumulate, second, second_weight = electra.accumulate_gradients, "rtd", cfg.rtd_weight
-        count_keys = ("rtd_hit", "rtd_n", "rtd_found", "rtd_replaced")
-    else:
-        accumulate, second, second_weight = accumulate_gradients, "nsp", cfg.nsp_weight
-        count_keys = ("nsp_hit",)
-        step_options["nsp_weight"] = cfg.nsp_weight
-    batches = _phase_batches(cfg, phase, train_store, tok)
-    data_iter = _Prefetch(batches.iterate(position))
-    window = dict(loss=0.0, mlm=0.0, mask_hit=0, mask_n=0, rand_hit=0, rand_n=0, same_hit=0, same_n=0,
-                  pairs=0, compute=0.0, steps=0, lr=0.0, **{second: 0.0}, **{k: 0 for k in count_keys})
-    if ckpt is not None:  # the steps since the last record, so that the next one is the mean of them all
-        window.update(state.get("window", {}))
-
-    def write_window() -> None:
-        """The training figures of the steps since the last record (rank 0), then a new window."""
-        s = window["steps"]
-        record = {"step": step, "loss": window["loss"] / s, "mlm_loss": window["mlm"] / s,
-                  f"{second}_loss": window[second] / s, "skipped_steps": guard.skipped,
-                  # accuracy at [MASK] positions (ELECTRA's generator's); random and unchanged positions apart
-                  "mlm_acc": window["mask_hit"] / max(1, window["mask_n"]),
-                  "mlm_acc_random": window["rand_hit"] / max(1, window["rand_n"]),
-                  "mlm_acc_unchanged": window["same_hit"] / max(1, window["same_n"])}
-        if is_electra:  # the detection's right calls over all tokens, and the share of replaced ones found
-            record.update(rtd_acc=window["rtd_hit"] / max(1, window["rtd_n"]),
-                          rtd_replaced_recall=window["rtd_found"] / max(1, window["rtd_replaced"]))
-        else:
-            record["nsp_acc"] = window["nsp_hit"] / window["pairs"]
-        record.update({"lr": window["lr"], "phase": phase, "max_len": batches.max_len, "epoch": position.epoch,
-                       "elapsed_s": elapsed(), "pairs_per_s": window["pairs"] / max(1e-9, window["compute"])})
-        metrics.write(record)
-        bar.set_postfix(**{"mlm": f"{record['mlm_loss']:.3f}", "acc": f"{record['mlm_acc']:.3f}",
-                           second: f"{record[f'{second}_loss']:.3f}", "pairs_s": f"{record['pairs_per_s']:.0f}"})
-        window.update({k: 0 for k in window})
-
-    # SIGINT (Ctrl-C) and SIGTERM end the run after the current step, with a checkpoint
-    signals = StopSignals()
-    signals.install()
-    total = round(cfg.budget or cfg.steps)
-    # a budget's bar counts seconds, never past its total: the last step, evaluation and save may
-    # end after the budget (a slow step, a busy machine), and tqdm formats a count past its total
-    # without one, which the bar format below cannot print (a traceback at the end, the model unsaved)
-    bar = progress_bar(cfg.progress and main, total=total, initial=min(round(elapsed0), total) if cfg.budget else step,
-                       unit="s" if cfg.budget else "step", dynamic_ncols=True,
-                       bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s{postfix}" if cfg.budget else None)
-    # where the budget's schedule ends, and the times it leaves room for: a resumed run goes on
-    # with them (from the full budget again, its lr rose until the first evaluation and save);
-    # a resumption with another budget, or with steps, starts them afresh
-    resumed = state if ckpt is not None and state.get("budget") == cfg.budget else {}
-    end = resumed.get("schedule_end", cfg.budget)
-    step_s, eval_s, save_s = (resumed.get(k, 0.0) for k in ("step_s", "eval_s", "save_s"))
-    last_eval = None
-    # resumed from the final checkpoint of this budget: nothing is left to train (a step at lr 0
-    # would still move AdamW's moments and log a step past the end)
-    finished = bool(cfg.budget and resumed.get("finished"))
-    guard = Guard(MAX_BAD_STEPS)  # steps with a non-finite loss or gradient: not applied
-    if ckpt is not None:  # its counts go on: skipped_steps as logged, and a run of bad steps across the stop
-        guard.load(state.get("guard", {}))
-    start_s = state.get("start_s", 0.0) if ckpt is not None else elapsed()  # when the first step began
-    now = elapsed()  # the budget's clock (rank 0's) where the last step ended
-    (start_s, now), _ = procs.agree_with_rank_0([start_s, now], False)
-    if cfg.budget and start_s >= cfg.budget:
-        raise BertkitError(f"data preparation took {start_s:.0f} s, the whole budget of {cfg.budget:.0f} s")
     try:
-        while not finished:
-            if cfg.budget:
-                # the schedule spans the budget after the first run's data preparation and before the
-                # closing work (the final evaluation and saves), so the lr reaches 0 as training ends
-                # (it only ever moves earlier: a faster save must not raise the lr again)
-                end = min(end, cfg.budget - eval_s - 2 * save_s)
-                lr = cfg.lr * lr_factor(now - start_s, end - start_s, cfg.warmup, step_s or cfg.budget / 1000)
-            elif step >= cfg.steps:
-                break  # resumed from the final checkpoint
-            else:
-                lr = cfg.lr * lr_factor(step, cfg.steps, cfg.warmup, 1)
-            lr *= lr_scale  # halved by each roll-back after non-finite steps
-            set_lr(opt, lr)
-            if phase == 0 and not _in_short_phase(cfg, step, now - start_s, end - start_s if cfg.budget else 0.0):
-                if main and window["steps"]:  # the short pairs' last steps: logged as theirs
-                    write_window()
-                phase, position = 1, Position()  # on to full-length pairs (every rank at the same step)
-                data_iter.close()
-                batches = _phase_batches(cfg, phase, train_store, tok)
-                data_iter = _Prefetch(batches.iterate(position))
-                log(f"step {step}: pairs of {cfg.max_len} tokens from now on")
-            position, batch = next(data_iter)
-            local = batches.batch_size // world  # this rank's rows of the batch
-            t0 = time.perf_counter()
-            n_predictions = int((batch["mlm_labels"] != -100).sum())   # over the whole global batch
-            if is_electra:
-                step_options["n_tokens"] = int(batch["attention_mask"].sum())
-            batch = {k: v[rank * local:(rank + 1) * local].to(device, non_blocking=True) for k, v in batch.items()}
-            try:
-                stats = accumulate(net, batch, n_predictions=n_predictions, **step_options)
-            except Exception as e:  # compilation happens at the first call; its errors come from anywhere
-                if net is eager:
-                    raise
-                log(f"torch.compile failed ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                    "continuing without it")
-                net = eager
-                opt.zero_grad(set_to_none=True)
-                stats = accumulate(net, batch, n_predictions=n_predictions, **step_options)
-            if world > 1:
-                dist.all_reduce(stats)
-                stats[1] /= world
-            mlm, other, *counts = stats.tolist()  # the one read-back per step (other: NSP's or RTD's loss)
-            # the same on every rank (reduced loss and gradients)
-            finite, _ = clipped_step(model, opt, cfg.clip, math.isfinite(mlm + other), guard)
-            if guard.in_a_row >= MAX_BAD_STEPS:  # return to the last checkpoint at half the lr
-                good = latest_checkpoint(out)
-                if good is None:
-                    raise BertkitError(f"step {step + 1}: {MAX_BAD_STEPS} steps in a row with a non-finite loss or "
-                                       "gradient and no checkpoint to return to; lower --lr")
-                state = _restore(good, model, opt, procs)
-                step, position, lr_scale = state["step"], Position(state["epoch"], state["batch"]), lr_scale / 2
-                phase, pairs_seen = phase_of(state), state.get("pairs_seen", step * cfg.batch_size)
-                data_iter.close()
-                batches = _phase_batches(cfg, phase, train_store, tok)
-                data_iter = _Prefetch(batches.iterate(position))
-                guard.in_a_row = 0
-                window.update({k: 0 for k in window})  # the steps undone are not logged ...
-                window.update(state.get("window", {}))  # (those before the checkpoint are)
-                log(f"{MAX_BAD_STEPS} non-finite steps in a row: back to {good.name} with the learning rate x{lr_scale:g}")
-                if main:
-                    metrics.drop_after(step)  # ... and their records go: the steps run again
-                    metrics.write({"step": step, "rolled_back_to": good.name, "lr_scale": lr_scale,
-                                   "skipped_steps": guard.skipped, "elapsed_s": elapsed()})
-                continue
-            step += 1
-            pairs_seen += batches.batch_size
-            took = time.perf_counter() - t0
-            step_s = 0.8 * step_s + 0.2 * took if step_s else took  # smoothed: one slow step must not end a budget early
-            if finite:
-                window["loss"] += mlm + second_weight * other
-                window["mlm"] += mlm
-                window[second] += other
-                for key, value in zip(("mask_hit", "mask_n", "rand_hit", "rand_n", "same_hit", "same_n", *count_keys),
-                                      counts):
-                    window[key] += value
-                window["pairs"] += batches.batch_size
-                window["steps"] += 1
-                window["lr"] = lr  # the last step's (at a phase switch the next step's is already set)
-            window["compute"] += took
-            # rank 0's clock and anyone's signal: every rank stops at the same step
-            (now, step_s, eval_s, save_s), interrupted = procs.agree_with_rank_0(
-                [now := elapsed(), step_s, eval_s, save_s], bool(signals))
-            bar.update(min(round(now), total) - bar.n if cfg.budget else 1)
-            # a budgeted run stops when one more step, the final evaluation and the saving would not fit
-            last = step >= cfg.steps if cfg.steps else now + step_s > cfg.budget - eval_s - 2 * save_s
-            if main and (step % cfg.log_every == 0 or last) and window["steps"]:
-                write_window()
-            if main and eval_batches and (step % cfg.eval_every == 0 or last):
-                t_eval = time.perf_counter()
-                last_eval = {"step": step, **_evaluate(model, eval_batches, device, tok.mask_id, cfg.seed),
-                             "elapsed_s": elapsed()}
-                metrics.write(last_eval)
-                eval_s = time.perf_counter() - t_eval
-            if (cfg.save_every and step % cfg.save_every == 0) or last or interrupted:
-                rng = procs.rng_states()  # every rank's, for an exact resume
-                if main:
-                    t_save = time.perf_counter()
-                    _save(out, step, model, opt, position, phase, pairs_seen, cfg, procs, elapsed(), start_s, lr_scale,
-                          rng, {"budget": cfg.budget, "steps": cfg.steps, "schedule_end": end, "step_s": step_s,
-                                "eval_s": eval_s, "save_s": save_s, "guard": guard.state(),
-                                "window": dict(window), "finished": last})
-                    save_s = time.perf_counter() - t_save
-                procs.barrier()
-            if interrupted:
-                signals.stop(step, f"continue with --resume --out {out}")
-            if on_step is not None:
-                on_step(step, model)
-            if last:
-                break
-    except RuntimeError as e:
-        procs.lost_peer(e, out)
-        raise
+        loop.run()
     finally:
-        data_iter.close()
-        bar.close()
-        signals.restore()
+        job.close()
     if not main:
         return None
 
     # pretrained_from: the preset whose random weights the run (or the run it continued) started
     # from, else the folder it started from; finetune's default lr reads it
     origin = cfg.model if cfg.model in PRESETS else pretraining_origin(cfg.model) or str(cfg.model)
-    info = {"task": "pretraining", "objective": cfg.objective, "corpus": cfg.corpus, "steps": step,
+    info = {"task": "pretraining", "objective": cfg.objective, "corpus": cfg.corpus, "steps": loop.step,
             "max_len": cfg.max_len, "pretrained_from": origin}
-    if is_electra:
+    if job.is_electra:
         electra.save(model, out, tokenizer=tok, bertkit_info=info)
     else:
         save_model(model, out, tokenizer=tok, bertkit_info=info)
     records = metrics.records()
+    last_eval = job.last_eval
     if last_eval is None:  # resumed from the final checkpoint: its evaluation, not none
         last_eval = next((r for r in reversed(records) if "eval_mlm_loss" in r), None)
     train_records = [r for r in records if "loss" in r]
     curves = ([("mlm_loss", "generator MLM (train)"), ("rtd_loss", "detection (train)"),
-               ("eval_mlm_loss", "generator MLM (held out)"), ("eval_rtd_loss", "detection (held out)")] if is_electra
+               ("eval_mlm_loss", "generator MLM (held out)"), ("eval_rtd_loss", "detection (held out)")] if job.is_electra
               else [("mlm_loss", "MLM (train)"), ("nsp_loss", "NSP (train)"),
                     ("eval_mlm_loss", "MLM (held out)"), ("eval_nsp_loss", "NSP (held out)")])
     plot_losses(records, out / "loss.png", curves,
-                f"{'ELECTRA' if is_electra else 'BERT'} pretraining: {model.config.num_hidden_layers} layers, hidden "
+                f"{'ELECTRA' if job.is_electra else 'BERT'} pretraining: {model.config.num_hidden_layers} layers, hidden "
                 f"{model.config.hidden_size}, batch {cfg.batch_size}, length {cfg.max_len}")
     timed = train_records[1:] or train_records  # the first window includes warm-up of kernels
     summary = {
-        "steps": step, "pairs_seen": pairs_seen,
-        "epoch": position.epoch, "train_pairs_per_epoch": batches.count_pairs(0),
+        "steps": loop.step, "pairs_seen": job.pairs_seen,
+        "epoch": job.position.epoch, "train_pairs_per_epoch": job.batches.count_pairs(0),
         "vocab_size": tok.vocab_size, "ln_vocab_size": math.log(tok.vocab_size),
         "parameters": sum(p.numel() for p in model.parameters()),
         "corpus": {"train": train_store.meta, "eval": eval_store.meta},
         "final_train": train_records[-1] if train_records else None,
         "final_eval": last_eval,
         "pairs_per_s": sum(r["pairs_per_s"] for r in timed) / max(1, len(timed)),
-        "skipped_steps": guard.skipped,
+        "skipped_steps": loop.guard.skipped,
         "budget_s": cfg.budget,
-        "elapsed_s": elapsed(),
+        "elapsed_s": clock(),
         "device": str(device), "precision": precision,  # what "auto" resolved to
         "config": dataclasses.asdict(cfg),
     }
