@@ -23,7 +23,7 @@ def matmul_peak(n: int = 2048, repeats: int = 10, dtype=torch.float32, kernel: s
                 device: str | torch.device = "cpu") -> float:
     """Best GFLOP/s of an n x n matmul in dtype on this machine, now: torch's mm (MKL for fp32
     on a CPU, cuBLAS on a GPU), or kernel="onednn", oneDNN's inner product, which bertkit's fp32
-    linear layers run on CPUs with AVX-512 (model.ONEDNN_LINEAR)."""
+    linear layers run on CPUs with AVX-512 (kernels.AUTO.onednn_linear)."""
     device = torch.device(device)
     a, b = (torch.randn(n, n, dtype=dtype, device=device) for _ in range(2))
     run = (lambda: a @ b) if kernel == "mm" else (lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))

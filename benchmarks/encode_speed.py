@@ -119,7 +119,7 @@ def main():
             "bertkit": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src, "--output", out("bertkit"),
                         "--overwrite", *plain],
             # the linear layers on torch's F.linear (MKL), as before fp32 inference ran them on
-            # oneDNN on every CPU with AVX-512 (model.ONEDNN_LINEAR; on CPUs without it, the same)
+            # oneDNN on every CPU with AVX-512 (kernels.AUTO.onednn_linear; on CPUs without it, the same)
             "bertkit, linear on MKL (before)": [py, "-m", "bertkit", "encode", "--model", minilm, "--input", src,
                                                 "--output", out("bertkit-mkl"), "--overwrite", *plain],
             # bf16 autocast: not the default (vectors move off their fp32 values, max abs diff below);

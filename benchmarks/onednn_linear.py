@@ -1,4 +1,4 @@
-"""fp32 inference's linear layers through MKL (F.linear) or oneDNN (bertkit.model.linear, on by
+"""fp32 inference's linear layers through MKL (F.linear) or oneDNN (bertkit.kernels.linear, on by
 default on a CPU with AVX-512): MiniLM encoding real review sentences in one process, the two
 alternating round by round, and MiniLM's linear shapes alone.
 
@@ -9,6 +9,7 @@ Writes benchmarks/results/onednn_linear.json (the CPU recorded, as every benchma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import tempfile
@@ -18,7 +19,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bertkit import model
+from bertkit import kernels, model
+from bertkit.kernels.linear import linear
 from bertkit.data.registry import export
 from bertkit.inference.encode import Encoder
 from machine import cpu_name
@@ -50,23 +52,29 @@ def main():
     blocked_fused = model.Linear.forward
 
     def plain_weight(self, x, gelu=False):  # the weight as it lies, GELU a pass of its own
-        y = model.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias)
         return F.gelu(y) if gelu else y
     switch = {"F.linear (MKL)": (False, blocked_fused), "bertkit.model.linear (oneDNN)": (True, blocked_fused),
               "oneDNN, plain weight, GELU apart (before)": (True, plain_weight)}
     vectors, times = {}, {name: [] for name in switch}
 
-    def use(name):
-        model.ONEDNN_LINEAR, model.Linear.forward = switch[name]
+    @contextlib.contextmanager
+    def using(name):  # the backend's linear kernel; the row from before also its own Linear.forward
+        onednn, model.Linear.forward = switch[name]
+        try:
+            with kernels.use(kernels.Backend(onednn_linear=onednn)):
+                yield
+        finally:
+            model.Linear.forward = blocked_fused
     for name in switch:  # warm-up, and the vectors to compare
-        use(name)
-        vectors[name] = enc.encode(texts[:256])
+        with using(name):
+            vectors[name] = enc.encode(texts[:256])
     for _ in range(args.rounds):
         for name in switch:
-            use(name)
-            t = time.perf_counter()
-            enc.encode(texts)
-            times[name].append(time.perf_counter() - t)
+            with using(name):
+                t = time.perf_counter()
+                enc.encode(texts)
+                times[name].append(time.perf_counter() - t)
     plain, fast, before = vectors.values()
     shapes = {}
     with torch.inference_mode():
@@ -83,7 +91,7 @@ def main():
                         lambda: torch.ops.mkldnn._linear_pointwise(x, blocked, b, "none", [], "")) / 1e9}
     result = {"cpu": cpu_name(), "threads": torch.get_num_threads(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "texts": len(texts), "rounds": args.rounds,
-              "on_by_default_here": model._onednn_linear_pays(),
+              "on_by_default_here": kernels.AUTO.onednn_linear,
               "encode_s": {name: {"median": statistics.median(t), "min": min(t), "max": max(t), "rounds": t}
                            for name, t in times.items()},
               "speedup_by_round": [a / b for a, b, _ in zip(*times.values())],

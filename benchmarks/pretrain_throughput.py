@@ -33,7 +33,7 @@ module imports plotting and vision packages that BERTModel never uses, stubbed h
 from __future__ import annotations
 
 import argparse
-import contextlib
+import dataclasses
 import json
 import platform
 import resource
@@ -48,7 +48,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-import bertkit.model
+from bertkit import kernels
 from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer
 from bertkit.checkpoint import save_model
 from bertkit.model import init_weights, set_dropout
@@ -78,23 +78,10 @@ def bertkit_step(model, opt, batch, bf16=False):
     return out.loss.item()
 
 
-@contextlib.contextmanager
 def torchs_dropout():
     """bertkit's model as it was before its CPU dropout: torch's F.dropout, and SDPA's own
     dropout in attention (the comparison row for the fast path)."""
-    fast = bertkit.model.dropout, bertkit.model.attention
-    bertkit.model.dropout = lambda x, p, training=True: torch.nn.functional.dropout(x, p, training)
-
-    def sdpa_with_its_dropout(q, k, v, n_head, mask, p=0.0):
-        B, Tq, H = q.shape
-        q, k, v = (t.unflatten(2, (n_head, H // n_head)).transpose(1, 2) for t in (q, k, v))
-        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
-        return y.transpose(1, 2).reshape(B, Tq, H)
-    bertkit.model.attention = sdpa_with_its_dropout
-    try:
-        yield
-    finally:
-        bertkit.model.dropout, bertkit.model.attention = fast
+    return kernels.use(dataclasses.replace(kernels.current(), bulk_dropout=False))
 
 
 def bertkit_step_torchs_dropout(model, opt, batch):
@@ -102,22 +89,10 @@ def bertkit_step_torchs_dropout(model, opt, batch):
         return bertkit_step(model, opt, batch)
 
 
-@contextlib.contextmanager
 def full_last_layer():
     """bertkit's model as it was before its training path ran the last layer at [CLS] and the
     predicted slots only: every layer at every position, the rows picked afterwards."""
-    fast = bertkit.model.BertModel.forward
-
-    def every_position(self, input_ids, token_type_ids=None, attention_mask=None, last_layer_rows=None):
-        out = fast(self, input_ids, token_type_ids, attention_mask)
-        if last_layer_rows is not None:
-            out.sequence_output = bertkit.model.gather_rows(out.sequence_output, last_layer_rows)
-        return out
-    bertkit.model.BertModel.forward = every_position
-    try:
-        yield
-    finally:
-        bertkit.model.BertModel.forward = fast
+    return kernels.use(dataclasses.replace(kernels.current(), last_layer_rows=False))
 
 
 def bertkit_step_full_last_layer(model, opt, batch):
@@ -125,16 +100,10 @@ def bertkit_step_full_last_layer(model, opt, batch):
         return bertkit_step(model, opt, batch)
 
 
-@contextlib.contextmanager
 def mkl_linear():
     """bertkit's fp32 linear layers on torch's F.linear (MKL), as before they ran on oneDNN on
-    CPUs with AVX-512 (model.ONEDNN_LINEAR; the comparison row for that path)."""
-    on = bertkit.model.ONEDNN_LINEAR
-    bertkit.model.ONEDNN_LINEAR = False
-    try:
-        yield
-    finally:
-        bertkit.model.ONEDNN_LINEAR = on
+    CPUs with AVX-512 (kernels.AUTO.onednn_linear; the comparison row for that path)."""
+    return kernels.use(dataclasses.replace(kernels.current(), onednn_linear=False))
 
 
 def bertkit_step_mkl_linear(model, opt, batch):
@@ -321,7 +290,7 @@ def main():
             "d2l BERTModel (textbook)": (d2l_step, textbook, False),
             "d2l BERTModel with bertkit's malloc setting": (d2l_step, textbook_kept, True),
             "transformers": (hf_step, theirs, False)}
-    if bertkit.model.ONEDNN_LINEAR:
+    if kernels.AUTO.onednn_linear:
         ours_mkl = BertForPreTraining(cfg)
         ours_mkl.load_state_dict(ours.state_dict())
         runs["bertkit with F.linear, MKL (before)"] = (bertkit_step_mkl_linear, ours_mkl, True)
@@ -369,7 +338,7 @@ def main():
                 for name, (step, model, _) in runs.items() if name in FP32_CEILING_ROWS}
     keep_freed_memory(False)
     mm_peak = matmul_peak()
-    onednn_peak = matmul_peak(kernel="onednn") if bertkit.model.ONEDNN_LINEAR else None
+    onednn_peak = matmul_peak(kernel="onednn") if kernels.AUTO.onednn_linear else None
     peak = max(mm_peak, onednn_peak or 0.0)
     bf16_peak = matmul_peak(dtype=torch.bfloat16) if native_bf16() else None
 

@@ -154,13 +154,12 @@ def test_export_onnx_file_is_the_encoder_alone(tmp_path, tiny_bert, capsys):
 
 
 def test_export_runs_the_plain_linear_where_fp32_inference_takes_onednn(tmp_path, tiny_bert, monkeypatch):
-    """On a CPU where bertkit's fp32 inference runs oneDNN's linear kernel (model.ONEDNN_LINEAR),
-    the exported graph still holds plain ONNX operators that ONNX Runtime runs within 1e-4."""
+    """On a CPU where bertkit's fp32 inference runs oneDNN's linear kernel (kernels.AUTO), the
+    exported graph still holds plain ONNX operators that ONNX Runtime runs within 1e-4."""
     import onnx
-    from bertkit import model
-    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    from bertkit import kernels
     path = tmp_path / "encoder.onnx"
-    with torch.no_grad():  # as a caller of the Python API may export
+    with torch.no_grad(), kernels.use(kernels.Backend(onednn_linear=True)):  # as a caller of the Python API may export
         assert main(["export", "--model", str(tiny_bert), "--onnx", str(path)]) == 0
     assert {node.domain for node in onnx.load(str(path)).graph.node} <= {"", "ai.onnx"}
     _assert_onnx_file_equals_pytorch(path, tiny_bert, SENTENCES)

@@ -1,9 +1,22 @@
+import contextlib
+import dataclasses
+
 import pytest
 import torch
 
-from bertkit import PRESETS, BertConfig, BertForPreTraining, BertModel
+from bertkit import PRESETS, BertConfig, BertForPreTraining, BertModel, kernels
+from bertkit.kernels import attention as kattn
+from bertkit.kernels import dropout as kdrop
+from bertkit.kernels import linear as klin
 from bertkit.model import init_weights
 from helpers import hf_tester_config
+
+
+@pytest.fixture
+def backend():
+    """backend(onednn_linear=True): the kernels' backend from here to the test's end."""
+    with contextlib.ExitStack() as stack:
+        yield lambda **choices: stack.enter_context(kernels.use(dataclasses.replace(kernels.current(), **choices)))
 
 
 def _inputs(cfg, B=13, T=7, seed=0):
@@ -143,9 +156,9 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
     for name in grads_p:
         torch.testing.assert_close(grads_f[name], grads_p[name], **tol, msg=name)
     assert not pred_f[~used].any()
-    # evaluation (no gradients) keeps the logits and the plain loss
+    # evaluation asks for the logits: the plain loss beside them, with or without gradients
     with torch.no_grad():
-        out = model(ids, mlm_positions=positions, mlm_labels=labels)
+        out = model(ids, mlm_positions=positions, mlm_labels=labels, logits=True)
     assert out.mlm_logits.shape == (13, 3, 99)
     assert torch.equal(out.mlm_correct, (out.mlm_predictions == labels) & used)
     torch.testing.assert_close(out.mlm_loss * used.sum(), loss_p * 20.0, rtol=1e-4, atol=1e-5)
@@ -161,7 +174,7 @@ def test_training_runs_the_last_layer_at_cls_and_the_slots_only_with_the_full_la
     import torch.nn.functional as F
 
     from bertkit import model as bk
-    monkeypatch.setattr(bk, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
+    monkeypatch.setattr(kattn, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
     cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(4)
     net = BertForPreTraining(cfg)
@@ -211,11 +224,11 @@ def test_attention_from_some_queries_equals_the_full_attention_at_those_rows(mon
     rows = torch.tensor([[0, 7, 3], [0, 1, 1], [0, 4, 2]])
     H = nh * hs
     for per_head in (True, False):
-        monkeypatch.setattr(bk, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
+        monkeypatch.setattr(kattn, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
         for p in (0.0, 1e-12):
             q, k, v = qkv.split(H, dim=2)
-            full = bk.attention(q, k, v, nh, mask, p)
-            some = bk.attention(bk.gather_rows(q, rows), k, v, nh, mask, p)
+            full = kattn.attention(q, k, v, nh, mask, p)
+            some = kattn.attention(bk.gather_rows(q, rows), k, v, nh, mask, p)
             torch.testing.assert_close(some, bk.gather_rows(full, rows), rtol=1e-5, atol=1e-6)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -224,7 +237,7 @@ def test_fused_mlm_loss_is_exact_where_the_labels_probability_underflows(dtype):
     the top has p = 0 there, and its loss comes from logsumexp instead (finite, exact)."""
     import torch.nn.functional as F
 
-    from bertkit.model import LinearCrossEntropy
+    from bertkit.kernels.cross_entropy import LinearCrossEntropy
     g = torch.Generator().manual_seed(1)
     h = torch.randn(6, 8, generator=g)
     w = torch.randn(11, 8, generator=g)
@@ -248,7 +261,7 @@ def test_fused_mlm_hit_breaks_ties_as_argmax_does(dtype):
     """A label tied with an earlier token at the row's maximum is argmax's miss: `>= max` counted
     it a hit (bf16 logits tie at the top in 2% of the rows near the unigram plateau: training
     mlm_acc counted 1,530 hits in 13,575 where argmax of the same logits has 1,515)."""
-    from bertkit.model import LinearCrossEntropy
+    from bertkit.kernels.cross_entropy import LinearCrossEntropy
     g = torch.Generator().manual_seed(3)
     h = torch.randn(6, 8, generator=g)
     w = torch.randn(9, 8, generator=g)
@@ -266,7 +279,7 @@ def test_fused_mlm_hit_breaks_ties_as_argmax_does(dtype):
 def test_fused_mlm_loss_ignores_padding_rows():
     # rows after the labelled ones (the training path pads to a multiple of 64) change nothing
     # and get a zero gradient
-    from bertkit.model import LinearCrossEntropy
+    from bertkit.kernels.cross_entropy import LinearCrossEntropy
     g = torch.Generator().manual_seed(2)
     h = torch.randn(70, 16, generator=g, requires_grad=True)
     w = torch.randn(30, 16, generator=g, requires_grad=True)
@@ -291,48 +304,48 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
     F.dropout computes for its own mask), masks decided by torch.manual_seed, fresh per call."""
     from bertkit import model
     torch.manual_seed(0)
-    first, second = model.keep_mask((1000, 1000), 0.1), model.keep_mask((1000, 1000), 0.1)
+    first, second = kdrop.keep_mask((1000, 1000), 0.1), kdrop.keep_mask((1000, 1000), 0.1)
     assert abs(first.float().mean().item() - 0.9) < 0.002 and not torch.equal(first, second)
     torch.manual_seed(0)
-    assert torch.equal(model.keep_mask((1000, 1000), 0.1), first)
-    assert model.keep_mask((7, 3), 0.0).all() and model.keep_mask((5, 9, 2), 0.5).shape == (5, 9, 2)
+    assert torch.equal(kdrop.keep_mask((1000, 1000), 0.1), first)
+    assert kdrop.keep_mask((7, 3), 0.0).all() and kdrop.keep_mask((5, 9, 2), 0.5).shape == (5, 9, 2)
     for p in (0.01, 0.5, 0.9):  # 16 bits per element: the rate to within 2^-17, sizes not a multiple of 4
-        assert abs(model.keep_mask((999, 1001), p).float().mean().item() - (1 - p)) < 0.002
+        assert abs(kdrop.keep_mask((999, 1001), p).float().mean().item() - (1 - p)) < 0.002
     # a mask of several parts (drawn on threads) is the same whatever the thread count
     threads = torch.get_num_threads()
     try:
         torch.manual_seed(4)
         torch.set_num_threads(1)
-        one = model.keep_mask((3, model.MASK_PART + 5), 0.1)
+        one = kdrop.keep_mask((3, kdrop.MASK_PART + 5), 0.1)
         torch.manual_seed(4)
         torch.set_num_threads(2)
-        assert torch.equal(model.keep_mask((3, model.MASK_PART + 5), 0.1), one)
+        assert torch.equal(kdrop.keep_mask((3, kdrop.MASK_PART + 5), 0.1), one)
     finally:
         torch.set_num_threads(threads)
-    parts = one.flatten()[:3 * model.MASK_PART].view(3, -1)
+    parts = one.flatten()[:3 * kdrop.MASK_PART].view(3, -1)
     assert not torch.equal(parts[0], parts[1]) and abs(one.float().mean().item() - 0.9) < 0.001
     masks = []
-    real = model.keep_mask
-    monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
+    real = kdrop.keep_mask
+    monkeypatch.setattr(kdrop, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
     x = torch.randn(4, 6, 8, requires_grad=True)
-    y = model.dropout(x, 0.25)
+    y = kdrop.dropout(x, 0.25)
     (y * torch.arange(8.0)).sum().backward()
     assert torch.allclose(y, x * masks[0] / 0.75)
     assert torch.allclose(x.grad, masks[0] / 0.75 * torch.arange(8.0))
-    assert model.dropout(x, 0.25, training=False) is x and model.dropout(x, 0.0) is x
+    assert kdrop.dropout(x, 0.25, training=False) is x and kdrop.dropout(x, 0.0) is x
     layer = model.Dropout(0.3)
     assert isinstance(layer, torch.nn.Dropout)  # set_dropout and HF-style code still see a dropout
 
 
 def _attention(qkv, nh, mask, p):  # model.attention on a fused (B, T, 3H) projection
     from bertkit import model
-    return model.attention(*qkv.split(qkv.size(-1) // 3, dim=2), nh, mask, p)
+    return kattn.attention(*qkv.split(qkv.size(-1) // 3, dim=2), nh, mask, p)
 
 
 @pytest.mark.parametrize("per_head", [True, False])
 def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, per_head):
     from bertkit import model
-    monkeypatch.setattr(model, "PER_HEAD_MIN", 0 if per_head else 1 << 60)  # a head at a time, or batched
+    monkeypatch.setattr(kattn, "PER_HEAD_MIN", 0 if per_head else 1 << 60)  # a head at a time, or batched
     g = torch.Generator().manual_seed(3)
     B, T, nh, hs = 2, 7, 4, 8
     qkv = torch.randn(B, T, 3 * nh * hs, generator=g, requires_grad=True)
@@ -356,8 +369,8 @@ def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, p
     unpadded = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, T, -1)
     assert torch.allclose(_attention(qkv, nh, None, 1e-12), unpadded, atol=1e-6)
     masks = []
-    real = model.keep_mask
-    monkeypatch.setattr(model, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
+    real = kdrop.keep_mask
+    monkeypatch.setattr(kdrop, "keep_mask", lambda shape, p: masks.append(real(shape, p)) or masks[-1])
     ours = _attention(qkv, nh, mask, 0.2)
     if per_head:
         assert len(masks) == nh and masks[0].shape == (B, T, T) and not masks[0].all()
@@ -422,11 +435,11 @@ onednn = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and hasatt
 
 
 @onednn
-def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp32_only(monkeypatch):
+def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp32_only(backend):
     import torch.nn.functional as F
 
     from bertkit import model
-    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    backend(onednn_linear=True)
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
     inputs = [torch.randn(5, 16, generator=g), torch.randn(3, 7, 16, generator=g), torch.randn(0, 16),
@@ -435,7 +448,7 @@ def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp3
     with torch.inference_mode():
         for x in inputs:
             for bias in (b, None):
-                y, ops = _aten_ops(lambda: model.linear(x, w, bias))
+                y, ops = _aten_ops(lambda: klin.linear(x, w, bias))
                 assert "mkldnn._linear_pointwise" in ops
                 assert y.shape == F.linear(x, w, bias).shape
                 torch.testing.assert_close(y, F.linear(x, w, bias), rtol=1e-5, atol=1e-5)
@@ -446,7 +459,7 @@ def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp3
                 leaves, ref_leaves = ([t.detach().clone().requires_grad_(r) for t, r in zip((x, w, b), needs)]
                                       for _ in range(2))
                 up = torch.randn(*x.shape[:-1], 24, generator=g)
-                y, ops = _aten_ops(lambda: model.linear(leaves[0], leaves[1], leaves[2] if bias is not None else None))
+                y, ops = _aten_ops(lambda: klin.linear(leaves[0], leaves[1], leaves[2] if bias is not None else None))
                 assert "mkldnn._linear_pointwise" in ops
                 ref = F.linear(ref_leaves[0], ref_leaves[1], ref_leaves[2] if bias is not None else None)
                 torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
@@ -462,20 +475,20 @@ def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp3
 
     def under_autocast():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            return model.linear(x, w, b)
+            return klin.linear(x, w, b)
     with torch.no_grad():
-        for run in (lambda: model.linear(x.double(), w.double(), b.double()), under_autocast):  # not fp32
+        for run in (lambda: klin.linear(x.double(), w.double(), b.double()), under_autocast):  # not fp32
             _, ops = _aten_ops(run)
             assert "mkldnn._linear_pointwise" not in ops
-    monkeypatch.setattr(model, "ONEDNN_LINEAR", False)
+    backend(onednn_linear=False)
     for grad in (False, True):
         with torch.set_grad_enabled(grad):
-            _, ops = _aten_ops(lambda: model.linear(x, w, b))
+            _, ops = _aten_ops(lambda: klin.linear(x, w, b))
         assert "mkldnn._linear_pointwise" not in ops
 
 
 @onednn
-def test_a_pretraining_step_on_onednn_gives_f_linears_loss_and_gradients(monkeypatch):
+def test_a_pretraining_step_on_onednn_gives_f_linears_loss_and_gradients(backend):
     # the whole model's autograd through OneDNNLinear and the MLM loss's logits on oneDNN
     from bertkit import model
     cfg = BertConfig.preset("tiny", vocab_size=300, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -489,7 +502,7 @@ def test_a_pretraining_step_on_onednn_gives_f_linears_loss_and_gradients(monkeyp
     labels = torch.randint(5, 300, (4, 3), generator=g)
     results = {}
     for on in (False, True):
-        monkeypatch.setattr(model, "ONEDNN_LINEAR", on)
+        backend(onednn_linear=on)
         net.zero_grad(set_to_none=True)
         out, ops = _aten_ops(lambda: net(ids, torch.zeros_like(ids), mask, mlm_positions=positions, mlm_labels=labels,
                                          nsp_labels=torch.tensor([0, 1, 0, 1])))
@@ -503,14 +516,14 @@ def test_a_pretraining_step_on_onednn_gives_f_linears_loss_and_gradients(monkeyp
 
 
 @onednn
-def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_weight_is_unchanged(monkeypatch):
+def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_weight_is_unchanged(backend):
     import copy
     import pickle
 
     import torch.nn.functional as F
 
     from bertkit import model
-    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    backend(onednn_linear=True)
     torch.manual_seed(0)
     lin = model.Linear(16, 24)
     x = torch.randn(3, 7, 16)
@@ -518,7 +531,7 @@ def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_we
         for gelu in (False, True):
             plain = F.linear(x, lin.weight, lin.bias)
             plain = F.gelu(plain) if gelu else plain
-            for run in (lambda: lin(x, gelu=gelu), lambda: model.linear(x, lin.weight, lin.bias, gelu=gelu)):
+            for run in (lambda: lin(x, gelu=gelu), lambda: klin.linear(x, lin.weight, lin.bias, gelu=gelu)):
                 y, ops = _aten_ops(run)
                 assert "mkldnn._linear_pointwise" in ops and "aten.gelu" not in ops
                 torch.testing.assert_close(y, plain, rtol=1e-5, atol=1e-5)
@@ -550,16 +563,16 @@ def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_we
 
 
 @onednn
-def test_minilm_encodes_the_same_vectors_through_onednn(monkeypatch, minilm_folder):
+def test_minilm_encodes_the_same_vectors_through_onednn(backend, minilm_folder):
     # the real checkpoint on real sentences, the whole model with its linear layers either way
     from bertkit import model
     from bertkit.inference.encode import Encoder
     texts = ["The cat sat on the mat.", "A crane lifted the steel beam onto the roof of the new station.",
              "Stocks fell sharply on Monday", "ok"]
     enc = Encoder.from_folder(minilm_folder)
-    monkeypatch.setattr(model, "ONEDNN_LINEAR", False)
+    backend(onednn_linear=False)
     plain = enc.encode(texts)
-    monkeypatch.setattr(model, "ONEDNN_LINEAR", True)
+    backend(onednn_linear=True)
     fast, ops = _aten_ops(lambda: enc.encode(texts))
     assert "mkldnn._linear_pointwise" in ops and "aten.addmm" not in ops
     assert "aten.gelu" not in ops  # fused into the feed-forward's first linear layer
@@ -572,7 +585,7 @@ def test_onednn_linear_is_on_where_avx512_is_and_the_environment_can_switch_it_o
     import os
     import subprocess
     import sys
-    probe = ("import torch, bertkit.model as m; print(m.ONEDNN_LINEAR, "
+    probe = ("import torch, bertkit.kernels as k; print(k.AUTO.onednn_linear, "
              "torch.backends.mkldnn.is_available() and torch.cpu._is_avx512_supported())")
 
     def run(**env):

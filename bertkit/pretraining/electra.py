@@ -23,8 +23,9 @@ from safetensors.torch import load_file, save_file
 from ..checkpoint import load_model, save_model
 from ..config import BertConfig
 from ..files import atomic_write
-from ..model import (MLM_ROWS_MULTIPLE, BertForPreTraining, BertModel, Linear, LinearCrossEntropy, init_weights,
-                     sample_rows)
+from .. import kernels
+from ..kernels.cross_entropy import MLM_ROWS_MULTIPLE, LinearCrossEntropy, sample_rows
+from ..model import BertForPreTraining, BertModel, Linear, init_weights
 from ..training.distributed import gradient_sync, micro_batches
 from .masking import prediction_kinds
 
@@ -94,7 +95,7 @@ class ElectraForPreTraining(nn.Module):
         h = self.generator.mlm.transform(g.sequence_output[:, 1:][valid])           # (N, H)
         weight, bias = self.generator.mlm.decoder_weight, self.generator.mlm.bias
         n = valid.sum() if mlm_denominator is None else mlm_denominator
-        if torch.is_grad_enabled():  # the fused loss: it never stores the (N, V) logits, and samples as it goes
+        if kernels.current().fused_mlm_loss:  # it never stores the (N, V) logits, and samples as it goes
             sampled = torch.empty_like(labels)                                       # (N,)
             padded = F.pad(h, (0, 0, 0, -h.size(0) % MLM_ROWS_MULTIPLE))             # (M, H)
             mlm_loss, hit = LinearCrossEntropy.apply(padded, weight, bias, labels, n, CHUNK, sampled, sampler)
