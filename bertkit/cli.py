@@ -96,13 +96,14 @@ PLATEAU_FACTOR = 1.5
 def cmd_pretrain(args) -> None:
     from .config import PRESETS
     from .pretraining.train import PretrainConfig, pretrain
+    from .training.options import run_flags
 
     overrides = {k: getattr(args, k) for k in (
-        "corpus", "model", "vocab", "out", "recipe", "objective", "rtd_weight", "generator_layers", "mask_token_share", "budget", "steps", "batch_size", "grad_accum", "max_len",
-        "short_len", "short_share", "lr",
-        "warmup", "dropout", "vocab_size", "mask_prob", "max_predictions", "nsp_weight", "holdout_every",
-        "eval_every", "eval_pairs", "save_every", "log_every", "seed", "precision")}
-    for flag in ("resume", "whole_word", "tensorboard", "doc_per_file", "sentence_per_line", "compile"):
+        "corpus", "model", "vocab", "out", "recipe", "objective", "rtd_weight", "generator_layers", "mask_token_share",
+        "steps", "batch_size", "max_len", "short_len", "short_share", "dropout", "vocab_size", "mask_prob",
+        "max_predictions", "nsp_weight", "holdout_every", "eval_every", "eval_pairs")}
+    overrides.update(run_flags(args))  # the options every training run shares
+    for flag in ("whole_word", "tensorboard", "doc_per_file", "sentence_per_line", "compile"):
         if getattr(args, flag):
             overrides[flag] = True
     if args.vocab_size is not None and (args.vocab or (args.model and args.model not in PRESETS)):
@@ -206,16 +207,15 @@ def _task_options(args) -> dict:
 
 def cmd_finetune(args) -> None:
     from .finetune import FinetuneConfig, finetune
+    from .training.options import run_flags
     from .tasks import get_task
 
     get_task(args.task)().check_options(_task_options(args))  # a misspelled key fails before any work
 
     cfg = FinetuneConfig(task=args.task, model=args.model, train=args.train, eval=args.eval, out=args.out,
-                         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, max_len=args.max_len,
-                         log_every=args.log_every, seed=args.seed, patience=args.patience,
-                         options=_task_options(args), overwrite=args.overwrite, grad_accum=args.grad_accum,
-                         budget=args.budget, save_every=args.save_every, resume=args.resume,
-                         group_by_length=not args.shuffled_batches, precision=args.precision)
+                         epochs=args.epochs, batch_size=args.batch_size, max_len=args.max_len, patience=args.patience,
+                         options=_task_options(args), overwrite=args.overwrite,
+                         group_by_length=not args.shuffled_batches, **run_flags(args))
     summary = finetune(cfg)
     if summary is None:  # another rank of a torchrun job: rank 0 reports
         return
@@ -321,6 +321,7 @@ PRECISION_HELP = ("fp32 (default) or bf16 autocast: faster on a GPU and on a CPU
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .training.options import add_run_flags
     p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -375,18 +376,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="of the chosen tokens, the share shown as [MASK] (default 0.8; electra 1.0); half the rest "
                          "become a random token, half stay as they were")
     pt.add_argument("--generator-layers", type=int, help="electra: the generator's layers (default: half the model's)")
-    pt.add_argument("--budget", help="wall-clock budget, e.g. 90s, 10m, 1.5h (default 10m); warm-up and decay "
-                                     "follow its elapsed share")
     pt.add_argument("--steps", type=int, help="optimizer steps instead of a budget")
     pt.add_argument("--batch-size", type=int, help="sentence pairs per step (recipe: 64, textbook 512)")
-    pt.add_argument("--grad-accum", type=int, help="micro-batches per step (default 1)")
     pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")
     pt.add_argument("--short-len", type=int, help="tokens per pair in a first phase, with as many tokens per batch "
                                                   "(recipe: 32; 0: one phase at --max-len)")
     pt.add_argument("--short-share", type=float, help="share of the run in that first phase (recipe: 0.35)")
-    pt.add_argument("--lr", type=float, help="peak learning rate (the recipe's from scratch or from a bertkit run that began there, "
-                                                 "5e-5 from another folder)")
-    pt.add_argument("--warmup", type=float, help="share of the run for warm-up")
     pt.add_argument("--dropout", type=float, help="dropout while pretraining (recipe: 0, textbook 0.1)")
     pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")
     pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 8192)")
@@ -397,16 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--holdout-every", type=int, help="hold out every N-th document (default 20)")
     pt.add_argument("--eval-every", type=int, help="steps between evaluations (default 100)")
     pt.add_argument("--eval-pairs", type=int, help="held-out sentence pairs per evaluation (default 1024)")
-    pt.add_argument("--save-every", type=int, help="steps between checkpoints (default 100)")
-    pt.add_argument("--log-every", type=int, help="steps between metrics lines (default 10)")
-    pt.add_argument("--seed", type=int)
-    pt.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     pt.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
     pt.add_argument("--compile", action="store_true",
                     help="torch.compile the model (pays on a GPU; falls back to eager if it cannot compile)")
-    pt.add_argument("--precision", choices=["auto", "fp32", "bf16"],
-                    help="the training steps' precision (default auto: bf16 autocast on a GPU and on a CPU with native "
-                         "bf16 matmuls, AMX or AVX512_BF16, else fp32; weights and optimizer state stay fp32)")
+    add_run_flags(pt, budget="default 10m", save_every="default 100",
+                  lr="default: the recipe's from scratch or from a bertkit run that began there, 5e-5 from "
+                     "another folder", warmup="recipe: 0.05, textbook 0.1")
     pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples and the downstream check at the end")
     pt.set_defaults(func=cmd_pretrain)
 
@@ -427,11 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
     ft.add_argument("--epochs", type=int, help=f"default per task: {per_task('epochs')}")
     ft.add_argument("--batch-size", type=int, help=f"default per task: {per_task('batch_size')}")
-    ft.add_argument("--lr", type=float, help=f"default per task: {per_task('lr')}; for a model bertkit pretrained "
-                                             "from scratch 1e-3 x 128 / its hidden size")
     ft.add_argument("--max-len", type=int, help=f"default per task: {per_task('max_len')}")
-    ft.add_argument("--log-every", type=int, default=10)
-    ft.add_argument("--seed", type=int, default=0)
     ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")
     ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
     from .tasks import OPTION_KEYS
@@ -440,18 +427,13 @@ def build_parser() -> argparse.ArgumentParser:
                          + "; ".join(f"{task}: {keys}" for task, keys in OPTION_KEYS.items()))
     ft.add_argument("--overwrite", action="store_true",
                     help="write into --out even when it is not empty (its files may be replaced)")
-    ft.add_argument("--grad-accum", type=int, default=1, help="micro-batches per step (the batch size stays the same)")
-    ft.add_argument("--precision", choices=["auto", "fp32", "bf16"], default="auto",
-                    help="the training steps: auto (default) is bf16 autocast on a GPU and on a CPU with native bf16 "
-                         "matmuls (AMX: Sapphire Rapids and later; AVX512_BF16: Zen 4 and later), fp32 elsewhere; "
-                         "evaluation is always fp32")
     ft.add_argument("--shuffled-batches", action="store_true",
                     help="plain shuffled batches instead of length-grouped ones (less padding, the default)")
-    ft.add_argument("--budget", help="wall-clock budget instead of --epochs, e.g. 20m; the lr follows its elapsed share")
-    ft.add_argument("--save-every", type=int, default=0,
-                    help="steps between checkpoints (default: at each epoch's end; removed when the run completes)")
-    ft.add_argument("--resume", action="store_true",
-                    help="continue the run in --out from its last checkpoint (give the same options)")
+    add_run_flags(ft, budget="instead of --epochs", warmup="default 0.1", resume="give the same options",
+                  lr=f"default per task: {per_task('lr')}; for a model bertkit pretrained from scratch "
+                     "1e-3 x 128 / its hidden size",
+                  save_every="default: at each epoch's end; removed when the run completes",
+                  precision="evaluation is always fp32")
     ft.set_defaults(func=cmd_finetune)
 
     ev = sub.add_parser("evaluate", help="metrics of a fine-tuned folder on a data file, as one JSON object")

@@ -35,7 +35,8 @@ from ..precision import TRAINING_PRECISIONS, training_precision
 from ..training.distributed import Processes, gradient_sync, init_processes, micro_batches
 from ..training.log import MetricsLog, plot_losses, write_json
 from ..training.loop import ROLL_BACK, Job, Loop, RunClock, StepResult, changed_options, seed_rank
-from ..training.step import check_seed, parse_duration
+from ..training.options import RunOptions
+from ..training.step import parse_duration
 from . import electra
 from .batches import Position, PretrainingBatches
 from .corpus import check_corpus_name, check_sentence_per_line
@@ -62,7 +63,11 @@ OBJECTIVES = ("mlm-nsp", "electra")
 
 
 @dataclass
-class PretrainConfig:
+class PretrainConfig(RunOptions):
+    """A pretraining run's options: the shared ones of RunOptions (budget, lr, warmup, seed,
+    checkpoints, precision: bf16 on a CPU with native bf16, the default recipe's step there 52
+    against 82 ms in fp32), then these. lr: the recipe's from scratch (and from a run that began
+    there), else 5e-5; save_every: 100."""
     corpus: str = "wiki"             # a .txt file, a folder of .txt files, "wiki" (built-in sample), "python-docs",
                                      # "linux-docs"; "A+B": B is training-only text, held-out documents come from A
     doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
@@ -76,19 +81,13 @@ class PretrainConfig:
     generator_layers: int = 0        # electra: the generator's layers (0: half the model's, at least one)
     mask_token_share: float | None = None  # of the chosen tokens, the share shown as [MASK]; half the rest become a
                                      # random token, half stay (None: BERT's 0.8; electra's 1.0, the paper's)
-    budget: str | float | None = None  # wall-clock budget ("10m"); warm-up and decay follow its elapsed share
     steps: int | None = None         # optimizer steps instead of a budget
     batch_size: int | None = None    # sentence pairs per optimizer step
-    grad_accum: int = 1              # micro-batches per step: batch_size / grad_accum each
     max_len: int | None = None       # tokens per pair, specials included
     # a first phase on shorter pairs, as BERT trained 90% of its steps at 128 tokens before 512:
     # short pairs learn to use context sooner (the recipe study); 0: one phase at max_len
     short_len: int | None = None     # tokens per pair in the first phase, with as many tokens per batch
     short_share: float | None = None  # share of the run (budget or steps) in the first phase
-    lr: float | None = None          # peak; the recipe's from scratch (and from a run that began there), else 5e-5
-    warmup: float | None = None      # share of the run spent warming up, then linear decay to 0
-    weight_decay: float = 0.01       # not on biases and LayerNorm, as in BERT
-    clip: float = 1.0                # gradient norm clipping
     dropout: float | None = None     # while pretraining; the saved config keeps 0.1 for fine-tuning
     vocab: str | None = None         # folder with vocab.txt / tokenizer.json to use instead of training one
     vocab_size: int = 8192           # WordPiece vocabulary trained when neither the model nor --vocab brings one
@@ -100,18 +99,9 @@ class PretrainConfig:
     holdout_every: int = 20          # every 20th document held out for evaluation (0: none)
     eval_every: int = 100
     eval_pairs: int = 1024           # held-out pairs per evaluation, always masked at 15% (comparable across recipes)
-    save_every: int = 100
-    keep_checkpoints: int = 2
-    log_every: int = 10
-    seed: int = 0
-    resume: bool = False
     tensorboard: bool = False
     compile: bool = False            # torch.compile the model (pays on GPUs; measured no gain on a 2-core CPU)
-    # the steps' precision: "auto" is bf16 autocast on a GPU and on a CPU with native bf16 (the default
-    # recipe's step there: 52 against 82 ms in fp32), else fp32; weights and optimizer stay fp32
-    precision: str = "auto"
     shard_tokens: int = 10_000_000   # tokens per memory-mapped shard
-    progress: bool = True
 
     # what must not change between a run and its resumption
     EXACT = ("objective", "rtd_weight", "generator_layers", "mask_token_share", "corpus", "doc_per_file", "sentence_per_line", "batch_size", "grad_accum", "max_len",
@@ -154,7 +144,6 @@ class PretrainConfig:
 
     def __post_init__(self):
         self._check_types()
-        check_seed(self.seed)
         if self.objective not in OBJECTIVES:
             raise BertkitError(f"unknown objective {self.objective!r}; choose one of {', '.join(OBJECTIVES)}")
         if self.recipe not in RECIPES:
@@ -183,8 +172,11 @@ class PretrainConfig:
             raise BertkitError(f"--mask-prob must be between 0 and 1, got {self.mask_prob}")
         if self.max_predictions is None:
             self.max_predictions = math.ceil(self.max_len * self.mask_prob)
-        for name in ("steps", "batch_size", "grad_accum", "max_len", "log_every", "eval_every", "vocab_size",
-                     "max_predictions", "eval_pairs", "keep_checkpoints", "shard_tokens"):
+        if self.save_every is None:
+            self.save_every = 100
+        self.check_run_options()
+        for name in ("steps", "batch_size", "max_len", "eval_every", "vocab_size", "max_predictions", "eval_pairs",
+                     "shard_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{_flag(name)} must be at least 1, got {getattr(self, name)}")
         if self.generator_layers < 0:
@@ -192,28 +184,19 @@ class PretrainConfig:
         if self.holdout_every < 0 or self.holdout_every == 1:  # Python's modulo made -4 hold out every 4th document
             raise BertkitError(f"--holdout-every must be 0 (none held out) or at least 2 (1 holds out every document, "
                                f"leaving none to train on), got {self.holdout_every}")
-        if self.save_every < 0:
-            raise BertkitError(f"--save-every must be at least 0 (0: only at the end), got {self.save_every}")
-        if not (math.isfinite(self.lr) and self.lr > 0):
-            raise BertkitError(f"--lr must be a positive number, got {self.lr}")
         if self.short_len and not 5 <= self.short_len < self.max_len:
             raise BertkitError(f"--short-len must be 0 (one phase) or from 5 to below max_len {self.max_len}, "
                                f"got {self.short_len}")
         if self.mask_token_share is not None and not 0 <= self.mask_token_share <= 1:
             raise BertkitError(f"--mask-token-share must be in [0, 1], got {self.mask_token_share}")
-        for name, low, high in (("warmup", 0, 1), ("dropout", 0, 1), ("short_seq_prob", 0, 1), ("short_share", 0, 1)):
+        for name, low, high in (("dropout", 0, 1), ("short_seq_prob", 0, 1), ("short_share", 0, 1)):
             if not low <= getattr(self, name) < high:
                 raise BertkitError(f"{_flag(name)} must be in [{low}, {high}), got {getattr(self, name)}")
-        for name in ("nsp_weight", "weight_decay", "rtd_weight"):
+        for name in ("nsp_weight", "rtd_weight"):
             if not (math.isfinite(getattr(self, name)) and getattr(self, name) >= 0):
                 raise BertkitError(f"{_flag(name)} must be a number >= 0, got {getattr(self, name)}")
-        if not (math.isfinite(self.clip) and self.clip > 0):  # 0 would scale every gradient to 0
-            raise BertkitError(f"{_flag('clip')} (the gradient norm clipped to) must be a number above 0, "
-                               f"got {self.clip}")
         if self.batch_size % self.grad_accum:
             raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
-        if self.precision not in TRAINING_PRECISIONS:
-            raise BertkitError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
         if self.max_len < 5:
             raise BertkitError(f"max length {self.max_len} is too small for [CLS] A [SEP] B [SEP] "
                                "(needs at least 5 tokens: 3 special tokens and one of each text)")
@@ -693,16 +676,17 @@ class _PretrainJob(Job):
         return state
 
 
-def pretrain(cfg: PretrainConfig, on_step=None) -> dict | None:
+def pretrain(cfg: PretrainConfig, on_step=None, timer=time.perf_counter) -> dict | None:
     """Run (or resume) a pretraining run; returns the summary also written to OUT/summary.json
     (None on the other ranks of a torchrun job: rank 0 writes every file).
-    on_step(step, model) is called after every optimizer step and its checkpoint.
+    on_step(step, model) is called after every optimizer step and its checkpoint; timer is the
+    run's clock in seconds (tests drive a budget with their own).
 
     With a budget, the run's clock starts here (data preparation counts) and continues across
     resumes; warm-up and decay follow the elapsed share of the budget. Under torchrun each of
     the W processes takes 1/W of every batch (the same global batch a single process would see)
     and DistributedDataParallel averages the gradients."""
-    clock = RunClock()
+    clock = RunClock(timer)
     procs = init_processes()
     world, device, main = procs.world, procs.device, procs.main
     cfg.out = procs.broadcast(cfg.out)  # the default --out holds a time stamp: rank 0's for all
