@@ -233,17 +233,15 @@ def cmd_evaluate(args) -> None:
 
 
 def cmd_predict(args) -> None:
-    from .tasks.folder import load_task_model, task_max_len
+    from .tasks.folder import task_max_len
     from .tasks.runner import run_task
 
     if args.input is not None and args.text:
         raise BertkitError("give --input FILE or texts to predict, not both (one of them would be left out)")
-    task, model, tok = load_task_model(args.model, args.task)
-    if args.backend != "torch":  # the encoder and the head on ONNX Runtime
-        from .inference.export import onnx_task_model
-        if args.precision != "fp32":
-            raise BertkitError(f"--backend {args.backend} runs on ONNX Runtime's own weights; leave --precision at fp32")
-        onnx_task_model(args.model, model, int8=args.backend == "onnx-int8")
+    if args.backend != "torch" and args.precision != "fp32":
+        raise BertkitError(f"--backend {args.backend} runs on ONNX Runtime's own weights; leave --precision at fp32")
+    from .inference.export import open_task_folder
+    task, model, tok = open_task_folder(args.model, args.task, args.backend)
     if args.input is None and not args.text:
         raise BertkitError("give --input FILE or texts to predict")
     max_len = task_max_len(task, model, args.max_len)  # within the model's position limit

@@ -140,6 +140,17 @@ def onnx_task_model(folder: str | Path, model, int8: bool = False) -> None:
     model.head = OnnxHead(folder / HEAD_ONNX, model.head)
 
 
+def open_task_folder(folder: str | Path, task_name: str | None = None, backend: str = "torch", device=None):
+    """A fine-tuned folder ready to predict, the one way `bertkit predict` and the server open it:
+    (task, model in eval mode, tokenizer), with the encoder and head on ONNX Runtime for
+    backend "onnx" or "onnx-int8" (the folder exported by `bertkit export`)."""
+    from ..tasks.folder import load_task_model
+    task, model, tok = load_task_model(folder, task_name, device=device)
+    if backend != "torch":
+        onnx_task_model(folder, model, int8=backend == "onnx-int8")
+    return task, model, tok
+
+
 def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: bool = False) -> dict:
     """Copy the model folder to `out` and add model.onnx (and model.int8.onnx); returns the
     largest difference between the ONNX and PyTorch outputs on a check batch."""

@@ -8,6 +8,7 @@ has the same head (classifier.*, qa_outputs.*), so the saved folder loads in tra
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -162,6 +163,40 @@ class Task:
 
     def describe(self, prediction, example) -> Any:  # one JSON-able prediction for `predict`
         return prediction
+
+    # the server's /predict: what a request may hold, and what of it is counted against its limits
+    def request_examples(self, inputs: list) -> list:
+        """A request's inputs (JSON values) as the task's examples: strings for most tasks. A bad
+        input is a BertkitError naming inputs[i] (the server answers 422)."""
+        for i, x in enumerate(inputs):
+            if not isinstance(x, str):
+                raise BertkitError(f"inputs[{i}]: the {self.name} task takes strings")
+        return self.read_inputs(texts=list(inputs))
+
+    def request_token_checks(self, inputs: list, examples: list, max_tokens: int,
+                             max_len: int) -> list[TokenCheck]:
+        """The token counts the server checks before it queues a request (max_tokens: its
+        --max-tokens; max_len: what the model reads of a text). By default a text past max_len
+        is refused: it would be cut off, and answered as if read whole."""
+        return [TokenCheck(list(inputs), None, "inputs", *_read_whole(self, max_tokens, max_len))]
+
+
+@dataclass
+class TokenCheck:
+    """Texts (and their pairs) of a request that the server counts against `limit` tokens each,
+    named `field` in its errors; `limit_name` says what the limit is (None: --max-tokens)."""
+    texts: list[str]
+    pairs: list[str | None] | None
+    field: str
+    limit: int
+    limit_name: str | None = None
+
+
+def _read_whole(task: Task, max_tokens: int, max_len: int) -> tuple[int, str | None]:
+    """The limit of a text the model reads whole: the server's, or the model's max_len if lower."""
+    if max_len < max_tokens:
+        return max_len, f"the max_len the {task.name} model was fine-tuned with"
+    return max_tokens, None
 
 
 def bert_inputs(batch: dict) -> dict:

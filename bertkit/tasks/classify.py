@@ -20,7 +20,7 @@ from torch import nn
 from ..errors import BertkitError
 from ..inputs import read_text_inputs
 from ..pooling import folder_pooling, pool, unsupported_pooling, warn_unsupported
-from .base import Task, bert_inputs, one_of, pad, probability
+from .base import Task, TokenCheck, _read_whole, bert_inputs, one_of, pad, probability
 
 
 class ClassifierHead(nn.Module):
@@ -160,6 +160,55 @@ class ClassifyTask(Task):
     def describe(self, prediction, example):
         return {"text": example["text"], **({"text_pair": example["text_pair"]} if example.get("text_pair") else {}),
                 **prediction}
+
+    def request_examples(self, inputs: list) -> list:
+        """Strings, or {"text", "text_pair"} objects for pairs; a classifier fine-tuned on single
+        texts given pairs, or the reverse, reads inputs it never saw: refused, as `bertkit predict`
+        and `evaluate` refuse them."""
+        texts, pairs = self._request_texts(inputs)
+        kind = self.info.get("inputs")
+        if kind in ("texts", "pairs"):
+            other = [i for i, p in enumerate(pairs) if (p is not None) != (kind == "pairs")]
+            if other:
+                raise BertkitError(f"inputs[{other[0]}]: " + ("a single text" if kind == "pairs" else
+                                                              "a text pair (text_pair)")
+                                   + ", but the model was fine-tuned on " + ("text pairs" if kind == "pairs" else
+                                                                             "single texts")
+                                   + f"; {len(other)} such input(s)")
+        examples = self.read_inputs(texts=texts)
+        for ex, pair in zip(examples, pairs):
+            if pair is not None:
+                ex["text_pair"] = pair
+        return examples
+
+    @staticmethod
+    def _request_texts(inputs: list) -> tuple[list[str], list[str | None]]:
+        texts, pairs = [], []
+        for i, x in enumerate(inputs):
+            if isinstance(x, dict) and isinstance(x.get("text"), str):
+                unknown = sorted(set(x) - {"text", "text_pair"})
+                if unknown:  # a misspelt text_pair would otherwise be dropped without a word
+                    raise BertkitError(f"inputs[{i}].{unknown[0]}: not a field; objects have 'text' "
+                                       "and optionally 'text_pair'")
+                if x.get("text_pair") is not None and not isinstance(x["text_pair"], str):
+                    raise BertkitError(f"inputs[{i}].text_pair: must be a string")
+                if x.get("text_pair") is not None and not x["text_pair"].strip():  # as an empty text is
+                    raise BertkitError(f"inputs[{i}].text_pair: empty text")
+                texts.append(x["text"])
+                pairs.append(x.get("text_pair"))
+            elif isinstance(x, str):
+                texts.append(x)
+                pairs.append(None)
+            else:
+                raise BertkitError(f"inputs[{i}]: the classify task takes strings or {{\"text\", \"text_pair\"}} "
+                                   "objects")
+        return texts, pairs
+
+    def request_token_checks(self, inputs, examples, max_tokens, max_len):
+        # a text_pair counts with its text, as they are read together
+        texts, pairs = self._request_texts(inputs)
+        return [TokenCheck(texts, pairs if any(p is not None for p in pairs) else None, "inputs",
+                           *_read_whole(self, max_tokens, max_len))]
 
 
 def classification_metrics(gold: np.ndarray, pred: np.ndarray, labels: list[str]) -> dict:

@@ -14,7 +14,7 @@ from torch import nn
 
 from ..errors import BertkitError
 from ..inputs import jsonl_rows
-from .base import Task, bert_inputs, boolean, finite_number, int_at_least, pad
+from .base import Task, TokenCheck, bert_inputs, boolean, finite_number, int_at_least, pad
 from .squad import QAExample, QAFeatures, best_spans, make_windows, read_squad, squad_metrics
 
 
@@ -114,3 +114,28 @@ class QATask(Task):
     def describe(self, prediction, example):
         return {"id": example.id, "question": example.question, "answer": prediction["answer"],
                 "nbest": prediction["nbest"]}
+
+    def request_examples(self, inputs: list) -> list:
+        """{"question", "context"} objects, with an optional "id" that comes back with the answer
+        (as `bertkit predict qa` keeps the JSONL's)."""
+        out = []
+        for i, x in enumerate(inputs):
+            if not (isinstance(x, dict) and isinstance(x.get("question"), str) and isinstance(x.get("context"), str)):
+                raise BertkitError(f"inputs[{i}]: the qa task takes objects with string fields 'question' and "
+                                   "'context'")
+            unknown = sorted(set(x) - {"question", "context", "id"})
+            if unknown:  # as classify's objects: a misspelt field is named, not dropped
+                raise BertkitError(f"inputs[{i}].{unknown[0]}: not a field; objects have 'question', 'context' "
+                                   "and optionally 'id'")
+            qid = x.get("id", str(i))
+            if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+                raise BertkitError(f"inputs[{i}].id: must be a string or an integer")
+            out.append(QAExample(str(qid), x["question"], x["context"], [], False, ""))
+        return out
+
+    def request_token_checks(self, inputs, examples, max_tokens, max_len):
+        # a question past max_query_len is cut; long contexts are read in windows: 8 times the limit
+        query = self.max_query_len(max_len) + 2  # with [CLS] and [SEP], as counted
+        why = f"the max_query_len of the qa model, {query - 2}, and [CLS] [SEP]" if query < max_tokens else None
+        return [TokenCheck([e.question for e in examples], None, "inputs.question", min(max_tokens, query), why),
+                TokenCheck([e.context for e in examples], None, "inputs.context", 8 * max_tokens)]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-from .base import Task, bert_inputs, int_at_least, pad, probability
+from .base import Task, TokenCheck, bert_inputs, int_at_least, pad, probability
 
 
 class SentenceScorer(nn.Module):
@@ -124,6 +124,10 @@ class SummarizeTask(Task):
                 totals[key] += scores[key].fmeasure
         n = max(1, len(examples))
         return {**{k: v / n for k, v in totals.items()}, "documents": len(examples)}
+
+    def request_token_checks(self, inputs, examples, max_tokens, max_len):
+        # a long document's later sentences are not scored (the task's rule, which describe reports)
+        return [TokenCheck(list(inputs), None, "inputs", max_tokens)]
 
     def describe(self, prediction, example):
         # a document longer than max_len is scored on its first sentences only: say how many
