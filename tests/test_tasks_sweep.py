@@ -216,3 +216,38 @@ def test_classify_refuses_evaluation_inputs_of_the_other_kind_than_it_was_traine
     both.check(singles + pairs, "dev.csv")
     old = ClassifyTask({"labels": ["a", "b"]})  # a folder from before "inputs" was recorded: not checked
     old.check(pairs, "dev.csv")
+
+
+def test_each_task_parses_server_inputs_and_names_the_token_limits_that_apply():
+    """/predict's inputs are the task's to read (the server knows no task): strings, classify's
+    {"text", "text_pair"} objects, qa's {"question", "context", "id"}; each names the limits its
+    texts are counted against (the model's max_len where it is below the server's limit)."""
+    from bertkit.errors import BertkitError
+    from bertkit.tasks import get_task
+    pairs = get_task("classify")({"labels": ["neg", "pos"], "inputs": "pairs"})
+    inputs = [{"text": "a film", "text_pair": "a play"}]
+    examples = pairs.request_examples(inputs)
+    assert examples == [{"text": "a film", "text_pair": "a play"}]
+    [check] = pairs.request_token_checks(inputs, examples, 512, 128)
+    assert (check.texts, check.pairs, check.field, check.limit) == (["a film"], ["a play"], "inputs", 128)
+    assert check.limit_name == "the max_len the classify model was fine-tuned with"
+    lower = pairs.request_token_checks(inputs, examples, 64, 128)[0]  # the server's limit is the lower
+    assert (lower.limit, lower.limit_name) == (64, None)
+    for bad, message in ((["a film"], r"inputs\[0\]: a single text, but the model was fine-tuned on text pairs"),
+                         ([{"text": "a", "txt_pair": "b"}], r"inputs\[0\]\.txt_pair: not a field"),
+                         ([3], r"inputs\[0\]: the classify task takes strings or")):
+        with pytest.raises(BertkitError, match=message):
+            pairs.request_examples(bad)
+    qa = get_task("qa")({})
+    examples = qa.request_examples([{"question": "who?", "context": "Ann did.", "id": 7}])
+    assert (examples[0].id, examples[0].question, examples[0].context) == ("7", "who?", "Ann did.")
+    question, context = qa.request_token_checks([], examples, 512, 384)
+    assert (question.field, question.limit, context.field, context.limit) == ("inputs.question", 66,
+                                                                             "inputs.context", 8 * 512)
+    with pytest.raises(BertkitError, match=r"inputs\[0\]: the qa task takes objects"):
+        qa.request_examples(["who?"])
+    ner = get_task("ner")({})
+    with pytest.raises(BertkitError, match=r"inputs\[1\]: the ner task takes strings"):
+        ner.request_examples(["Ann lives here", {"text": "x"}])
+    [check] = get_task("summarize")({}).request_token_checks(["One. Two."], [], 512, 128)
+    assert check.limit == 512  # a long document is scored on its first sentences: read, not refused
