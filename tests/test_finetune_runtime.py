@@ -540,3 +540,27 @@ def test_evaluation_over_ranks_gathers_outputs_on_the_cpu(tiny, data):
         _evaluate(task, model, task.features(examples, tok, 64), examples, tok, 4, procs)
     outputs, _ = procs.sent
     assert outputs and all(t.device.type == "cpu" for t in outputs)
+
+
+def test_a_second_finetune_on_the_same_out_is_refused_and_the_first_ends_as_if_alone(tmp_path, tiny, data):
+    """Two real processes into one --out: the second (new, --overwrite or --resume) is refused by
+    name while the first writes (both ended 'saved' with the second's model before the lock)."""
+    import time
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "ft"
+    cmd = [sys.executable, "-m", "bertkit", *_args(tiny, data, out, "--epochs", "6", "--batch-size", "2")]
+    first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t = time.monotonic()
+    while time.monotonic() - t < 120 and first.poll() is None and not (out / "metrics.jsonl").is_file():
+        time.sleep(0.05)
+    assert first.poll() is None, "the first run ended before the second could start"
+    for extra in ([], ["--overwrite"], ["--resume"]):
+        second = subprocess.run(cmd + extra, env=env, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2 and f"{out} is being written by another bertkit process" in second.stderr, \
+            second.stderr[-500:]
+    assert first.poll() is None  # the refusals came while it ran
+    _, err = first.communicate(timeout=600)
+    assert first.returncode == 0, err[-500:]
+    summary = json.loads((out / "summary.json").read_text())
+    steps = [r["step"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert summary["epochs_run"] == 6 and steps == list(range(1, summary["steps"] + 1))

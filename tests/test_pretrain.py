@@ -846,3 +846,24 @@ def test_a_resumption_with_more_steps_says_the_schedule_changes(tmp_path, wiki_e
     capfd.readouterr()
     pretrain(_cfg(wiki_excerpt, tmp_path / "same", vocab=str(vocab), steps=4, resume=True, progress=True))
     assert "schedule changes" not in capfd.readouterr().err
+
+
+def test_a_second_pretraining_process_on_the_same_out_is_refused_and_the_first_ends_as_if_alone(
+        tmp_path, wiki_excerpt, vocab):
+    """Two real processes: the second (a new run or --resume) is refused by name while the first
+    writes, and the first's log and model are whole (a second pretraining crashed on the first's
+    shards before the lock)."""
+    out = tmp_path / "run"
+    first = _start(_cli_args(wiki_excerpt, vocab, out, 40), capture=True)
+    _wait_for_step(out, 2, first)
+    assert first.poll() is None, "the first run ended before the second could start"
+    for extra in ([], ["--resume"]):
+        second = _start([*_cli_args(wiki_excerpt, vocab, out, 40), *extra], capture=True)
+        _, err = second.communicate(timeout=120)
+        assert second.returncode == 2 and f"{out} is being written by another bertkit process" in err, err[-500:]
+    assert first.poll() is None  # the refusals came while it ran
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-500:]
+    steps = [r["step"] for r in _lines_all(out) if "mlm_loss" in r]
+    assert steps == list(range(1, 41)) and json.loads((out / "summary.json").read_text())["steps"] == 40
+    assert not (tmp_path / ".run.lock").exists()  # removed at the end
