@@ -464,6 +464,22 @@ class WordPieceTokenizer:
             why = "empty text" if not t.strip() else f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)"
             raise BertkitError(f"{where(bad[0])}: {why}; {len(bad)} such text(s)")
 
+    def refuse_tokenless_encodings(self, encs: list, texts: Sequence[str], pairs: Sequence[str] | None,
+                                   where: Callable[[int], str]) -> None:
+        """refuse_tokenless over texts (and pairs) already encoded (encode_unpadded's encodings):
+        a text none of whose tokens made it into its encoding, by line and field, without a second
+        pass of the tokenizer (the streamed encode's chunks)."""
+        for seq, strings, field in ((0, texts, "text"), (1, pairs, "text_pair")):
+            if strings is None:
+                continue
+            bad = [i for i, e in enumerate(encs) if seq not in e.sequence_ids]
+            if bad:
+                t = strings[bad[0]]
+                why = ("empty text" if not t.strip() else
+                       f"no tokens in {t[:40]!r} (nothing but characters the tokenizer drops)")
+                named = where(bad[0]) + (f" ({field})" if pairs is not None else "")
+                raise BertkitError(f"{named}: {why}; {len(bad)} such text(s)")
+
     def tokenize_ids(self, text: str) -> list[int]:
         """Token ids of one text, without special tokens, whole (never truncated)."""
         self.tok.no_truncation()  # encode_unpadded leaves its max_len set

@@ -13,7 +13,7 @@ import pytest
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.inference.encode import Encoder
+from bertkit.inference.encode import CHUNK_BATCHES, Encoder
 from bertkit.inference.encode_file import done_chunks, encode_file, partial_folder
 from bertkit.inputs import read_chunk, read_text_inputs, scan_text_inputs
 from helpers import torchrun
@@ -274,3 +274,24 @@ def test_a_second_process_on_the_same_output_is_refused_and_the_first_ends_as_if
     assert first.returncode == 0, err[-500:]
     expected = Encoder.from_folder(tiny_bert, device="cpu").encode(texts, batch_size=2)
     np.testing.assert_allclose(np.load(out), expected, atol=1e-6)  # one thread there, two here
+
+
+def test_each_chunk_is_tokenized_once_and_a_tokenless_text_or_pair_is_named_by_line(tmp_path, tiny_bert, sentences,
+                                                                                      monkeypatch, capsys):
+    """The token-less check reads the chunk's own encodings (it tokenized every chunk a second
+    time before): one tokenizer pass per chunk, and the errors still name the line and field."""
+    from bertkit.tokenizer import WordPieceTokenizer
+    calls = []
+    real = WordPieceTokenizer.encode_unpadded
+    monkeypatch.setattr(WordPieceTokenizer, "encode_unpadded",
+                        lambda self, texts, *a, **k: calls.append(len(texts)) or real(self, texts, *a, **k))
+    monkeypatch.setattr(WordPieceTokenizer, "tokenless", lambda self, texts: pytest.fail("a second pass"))
+    assert _encode(tiny_bert, sentences, tmp_path / "v.npy") == 0
+    scan = scan_text_inputs(sentences, BATCH * CHUNK_BATCHES)
+    assert calls == [scan.chunk_size(c) for c in range(scan.chunks)]  # once per chunk, every text once
+    lines = read_text_inputs(sentences).texts
+    rows = tmp_path / "pairs.jsonl"
+    rows.write_text("".join(json.dumps({"text": t, "text_pair": "\u200b" if i == 150 else t}) + "\n"
+                            for i, t in enumerate(lines[:200])))
+    assert _encode(tiny_bert, rows, tmp_path / "p.npy") == 2
+    assert "pairs.jsonl, line 151 (text_pair): no tokens in '\\u200b'" in capsys.readouterr().err

@@ -142,14 +142,17 @@ class Encoder:
         return max_len
 
     def _runs(self, texts, pairs, batch_size: int, max_len: int | None, truncation: bool,
-              where: Callable[[int], str] | None = None,
-              cut: list[int] | None = None) -> Iterator[tuple[list[int], Batch, tuple]]:
+              where: Callable[[int], str] | None = None, cut: list[int] | None = None,
+              refuse_tokenless: bool = False) -> Iterator[tuple[list[int], Batch, tuple]]:
         """Yield (input indices, batch, (sequence_output, pooled_output)) over length-sorted
         batches: numpy arrays from ONNX Runtime, tensors from PyTorch. where(i) names text i in
-        errors; cut, where given, gets the indices of the texts truncated (and no warning is given)."""
+        errors; cut, where given, gets the indices of the texts truncated (and no warning is given);
+        refuse_tokenless: a text the tokenizer keeps nothing of is an error naming where(i)."""
         check_int(batch_size, "batch_size")
         encs = self.tokenizer.encode_unpadded(texts, pairs, self.tokens_per_text(max_len), truncation,
                                               where=where if cut is not None else None)
+        if refuse_tokenless:  # from these encodings: the chunk is tokenized once
+            self.tokenizer.refuse_tokenless_encodings(encs, texts, pairs, where)
         if cut is not None:
             cut.extend(i for i, e in enumerate(encs) if e.overflowing)
         # longest first: the first batch sizes the heap that the rest reuse (a third fewer page
@@ -170,12 +173,13 @@ class Encoder:
 
     def encode_chunk(self, texts: Sequence[str], pairs: Sequence[str] | None, pooling: str, batch_size: int,
                      max_len: int | None, truncation: bool, normalize: bool,
-                     where: Callable[[int], str], cut: list[int]) -> np.ndarray:
+                     where: Callable[[int], str], cut: list[int], refuse_tokenless: bool = False) -> np.ndarray:
         """Sentence vectors of one chunk of texts, (len(texts), H) float32: its texts are sorted by
         length and batched among themselves. encode() and a streamed file (encode_file.py) both
         run chunks of CHUNK_BATCHES batches, so that they give the same vectors."""
         out = np.empty((len(texts), self.hidden_size), dtype=np.float32)
-        for idx, batch, (seq, pooled) in self._runs(texts, pairs, batch_size, max_len, truncation, where, cut):
+        for idx, batch, (seq, pooled) in self._runs(texts, pairs, batch_size, max_len, truncation, where, cut,
+                                                    refuse_tokenless):
             mask = batch.attention_mask if self.onnx else batch.attention_mask.to(self.device)
             v = pool(seq, pooled, mask, pooling)
             out[idx] = v if self.onnx else v.float().cpu().numpy()

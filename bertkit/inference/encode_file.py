@@ -249,13 +249,12 @@ def encode_chunks(encoder: Encoder, plan: Plan, options: EncodeOptions, rank: in
             first = c * scan.chunk_rows
             inputs = read_chunk(scan, c)
             where = lambda i: f"{scan.name}, line {first + i + 1}"  # noqa: E731
-            for field, strings in (("text", inputs.texts), ("text_pair", inputs.pairs)):
-                if strings is not None:  # named by line, and by field where the rows are pairs
-                    encoder.tokenizer.refuse_tokenless(
-                        strings, lambda i: where(i) + (f" ({field})" if inputs.pairs is not None else ""))
             cut: list[int] = []
+            # a text with no tokens is refused by line (and field, where the rows are pairs) from the
+            # chunk's own encodings
             vectors = encoder.encode_chunk(inputs.texts, inputs.pairs, options.pooling, options.batch_size,
-                                           options.max_len, options.truncation, options.normalize, where, cut)
+                                           options.max_len, options.truncation, options.normalize, where, cut,
+                                           refuse_tokenless=True)
             bad = np.flatnonzero(~np.isfinite(vectors).all(1))
             if bad.size:  # broken weights or config: never written as results
                 raise BertkitError(f"{bad.size} of {len(vectors)} output row(s) are not finite (NaN or inf; first: "
