@@ -1,5 +1,6 @@
 """What the benchmarks share: the machine they ran on (machine.cpu_name), a matmul's peak speed
-to take shares of, figures as median with min and max, and results written as JSON."""
+to take shares of, timing, figures as median with min and max, results written as JSON, and
+plots (matplotlib without a display)."""
 from __future__ import annotations
 
 import json
@@ -50,3 +51,35 @@ def write_result(name: str, result: dict, folder: str | Path = RESULTS) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), **result}, indent=2) + "\n")
     return path
+
+
+def median_time(fn, repeats: int = 15, warmup: int = 3) -> float:
+    """The median seconds of fn() over `repeats` calls, after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def figure(*args, **kwargs):
+    """(fig, axes) of plt.subplots(*args, **kwargs), drawn without a display."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: str | Path, title: str | None = None) -> Path:
+    """The figure as a PNG at path (110 dpi, laid out tight), then closed."""
+    import matplotlib.pyplot as plt
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)

@@ -23,18 +23,9 @@ from bertkit import kernels, model
 from bertkit.kernels.linear import linear
 from bertkit.data.registry import export
 from bertkit.inference.encode import Encoder
+from common import median_time
 from machine import cpu_name
 
-
-def median_time(fn, repeats: int = 15) -> float:
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main():

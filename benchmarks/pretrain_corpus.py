@@ -23,6 +23,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import figure, save_figure
+
 RESULT = Path("benchmarks/results/pretrain_corpus.json")
 PLOT = Path("docs/pretrain-corpus.png")
 WORK = Path("runs/pretrain-corpus")
@@ -66,10 +68,7 @@ def table(results: dict) -> str:
 
 
 def plot(results: dict, path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = figure(figsize=(7, 4.2))
     for name, r in results.items():
         curve = r["eval_curve"]
         ax.plot([c[0] / 60 for c in curve], [100 * c[2] for c in curve], label=name)
@@ -78,9 +77,7 @@ def plot(results: dict, path: Path) -> None:
     ax.set_title("default recipe, 10 minutes: more training text")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main():

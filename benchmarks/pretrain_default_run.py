@@ -22,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from common import figure, save_figure
 from machine import cpu_name
 
 RESULT = "benchmarks/results/pretrain_default_run.json"
@@ -29,13 +30,10 @@ PLOT = "docs/pretrain-default-10min.png"
 
 
 def plot(records: list[dict], path: Path) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     evals = [r for r in records if "eval_mlm_acc" in r]
     train = [r for r in records if "mlm_loss" in r]
     minutes = [r["elapsed_s"] / 60 for r in evals]
-    fig, (acc, loss) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (acc, loss) = figure(1, 2, figsize=(12, 4.2))
     acc.plot(minutes, [100 * r["eval_mlm_acc"] for r in evals], label="top-1 at [MASK]")
     acc.plot(minutes, [100 * r["eval_mlm_top5"] for r in evals], label="top-5 at [MASK]")
     acc.axhline(100 * evals[-1]["eval_majority_token_acc"], color="gray", linestyle=":",
@@ -55,10 +53,7 @@ def plot(records: list[dict], path: Path) -> None:
         ax.set_xlabel("wall time (minutes, 2 CPU cores)")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle("bertkit pretrain (defaults): tiny BERT, wiki sample, 10 minutes")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, "bertkit pretrain (defaults): tiny BERT, wiki sample, 10 minutes")
 
 
 def main():

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import figure, save_figure
 from machine import cpu_name
 
 # one change at a time from the earlier default (batch 128, 15% masking, NSP weight 1, no dropout,
@@ -88,10 +89,7 @@ def run(name: str, args: list[str], data: Path, work: Path, budget: str, budget_
 
 def plot(results: dict, path: Path, budget: str) -> None:
     """Held-out accuracy at [MASK] and held-out MLM loss against wall time, one line per recipe."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (acc, loss) = plt.subplots(1, 2, figsize=(12, 4.5))
+    fig, (acc, loss) = figure(1, 2, figsize=(12, 4.5))
     for name, r in results.items():
         points = list(zip(*r["curve"]))
         minutes = [t / 60 for t in points[0]]
@@ -105,10 +103,7 @@ def plot(results: dict, path: Path, budget: str) -> None:
         ax.set_xlabel("wall time (minutes, 2 CPU cores)")
         ax.grid(alpha=0.3)
     loss.legend(fontsize=8)
-    fig.suptitle(f"tiny BERT on the Wikipedia sample, {budget} per recipe")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, f"tiny BERT on the Wikipedia sample, {budget} per recipe")
 
 
 def from_runs(work: Path, results: dict) -> dict:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
+from common import figure, save_figure
 from machine import cpu_name  # noqa: E402
 
 from bertkit.data.registry import export  # noqa: E402
@@ -307,11 +308,8 @@ def report(write: bool = False) -> None:
 
 
 def plot(results: dict, models: list[str]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(DATASETS), figsize=(6 * len(DATASETS), 4.2))
+    fig, axes = figure(1, len(DATASETS), figsize=(6 * len(DATASETS), 4.2))
     for ax, dataset in zip(axes, DATASETS):
         # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
         series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
@@ -346,9 +344,7 @@ def plot(results: dict, models: list[str]) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle("CPUs: " + "; ".join(sorted({e["cpu"] for e in results.values()})), fontsize=9)
-    fig.tight_layout()
-    PLOT.parent.mkdir(exist_ok=True)
-    fig.savefig(PLOT, dpi=110)
+    save_figure(fig, PLOT)
     print(f"\nwrote {PLOT}")
 
 
