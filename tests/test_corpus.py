@@ -264,7 +264,7 @@ For example, a literal block::
 
 
 def test_rest_prose_keeps_the_sentences_and_drops_the_markup():
-    from bertkit.pretraining.rest import rest_paragraphs
+    from bertkit.pretraining.restructured_text import rest_paragraphs
     assert rest_paragraphs(REST) == [
         "The while statement and join are explained in the tutorial; see print() and the site.",
         "For example, a literal block:",

@@ -203,7 +203,7 @@ def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
 
 
 def _rest_sentences(text: str) -> list[str]:
-    from .rest import rest_paragraphs
+    from .restructured_text import rest_paragraphs
     return split_sentences("\n".join(rest_paragraphs(text)))
 
 
