@@ -2,7 +2,6 @@
 import json
 import math
 import re
-import time
 
 import pytest
 import torch
@@ -444,10 +443,14 @@ def test_a_budgeted_run_that_ends_past_its_budget_still_saves_with_its_progress_
     --budget 30s --model mini` did). The seconds bar then counted past its total, which tqdm
     formats without a total, and the bar's format raised TypeError: a traceback, no model saved."""
     budget = 3.0
-    stall = lambda step, model: time.sleep(budget + 0.5) if step == 1 else None  # the clock passes the budget
+    clock = _Ticks()  # (on the wall clock a busy machine's first step alone outlasted the budget)
+
+    def stall(step, model):  # the clock passes the budget after step 1: step 2 ends past it
+        if step == 1:
+            clock.now += budget + 0.5
     out = tmp_path / "late"
     summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=None, budget=f"{budget}s", save_every=0,
-                            eval_every=1000, progress=True), on_step=stall)
+                            eval_every=1000, progress=True), on_step=stall, timer=clock)
     assert summary["elapsed_s"] > budget and summary["steps"] == 2
     assert (out / "model.safetensors").is_file()
     assert f"{budget:.0f}/{budget:.0f} s" in capfd.readouterr().err  # the bar stops at its total
