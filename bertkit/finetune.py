@@ -12,8 +12,8 @@ import dataclasses
 import json
 import math
 import shutil
-import time
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 

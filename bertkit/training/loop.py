@@ -117,7 +117,10 @@ def seed_rank(procs: Processes, seed: int, state: dict | None, log) -> None:
 class Loop:
     """Runs a Job: `steps` optimizer steps (warm-up over their `warmup` share), or as many as fit
     in `budget` seconds of `clock` (the schedule follows the elapsed share). `resumed` is the
-    trainer.json of the checkpoint the run continues (the job restored its own part)."""
+    trainer.json of the checkpoint the run continues (the job restored its own part);
+    schedule_can_change: a resume may bring another budget or step count (pretraining), so a
+    final checkpoint ends the run only under the schedule it was written with; non_finite:
+    ROLL_BACK (to the last checkpoint at half the lr) or STOP after `max_bad_steps` in a row."""
 
     def __init__(self, job: Job, procs: Processes, out: Path, *, lr: float, warmup: float, clip: float,
                  steps: int | None, budget: float | None, clock: RunClock, save_every: int, keep_checkpoints: int,
