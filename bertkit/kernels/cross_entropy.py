@@ -9,6 +9,7 @@ import torch
 
 from .linear import linear, onednn_path
 
+
 MLM_ROWS_MULTIPLE = 64
 
 

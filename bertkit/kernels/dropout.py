@@ -20,6 +20,7 @@ from torch import nn
 
 from .backend import current
 
+
 MASK_PART = 1 << 20
 _mask_threads: ThreadPoolExecutor | None = None
 

@@ -13,6 +13,7 @@ from ...inputs import lone_surrogate
 # event loop 10 s for pydantic's 500,000 errors and a 50 MB answer
 FAIL_FAST = Field(fail_fast=True)
 
+
 def _not_utf8(value, at: str = "", depth: int = 0) -> str | None:
     """Where in a field's value (a string, or a list of strings or of objects) a string UTF-8
     cannot encode is ("" for the value itself), or None. JSON's "\\ud800" escape decodes to such a
@@ -39,8 +40,10 @@ class Body(BaseModel):
                                       "a \\ud800-\\udfff escape)", {"at": f"{at} is " if at else ""})
         return value
 
+
 class Strict(Body):
     model_config = ConfigDict(extra="forbid")
+
 
 # booleans and integers strict: pydantic would take "yes" for true and true for 1
 class EncodeRequest(Strict):
@@ -50,6 +53,7 @@ class EncodeRequest(Strict):
     normalize: StrictBool | None = Field(None, description="unit length; default: the folder's (true where a "
                                                           "sentence-transformers folder ends with Normalize)")
 
+
 class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as clients add their own
     input: Union[str, Annotated[list[str], FAIL_FAST], Annotated[list[int], FAIL_FAST],
                  Annotated[list[list[int]], FAIL_FAST]]
@@ -58,6 +62,7 @@ class EmbeddingsRequest(Body):  # OpenAI's fields; unknown ones are ignored, as 
     dimensions: StrictInt | None = None
     user: str | None = None
 
+
 class FillMaskRequest(Strict):
     text: str | None = Field(None, description="a text with one or more [MASK]: answered as "
                                                '{"predictions": [[{"token", "score"}, ...] per [MASK]]}')
@@ -65,9 +70,11 @@ class FillMaskRequest(Strict):
                                                                     '{"results": [{"text", "masks"}, ...]}')
     top_k: StrictInt = Field(5, ge=1)
 
+
 class PredictRequest(Strict):
     inputs: list[Union[str, dict[str, Any]]] = Field(
         min_length=1, fail_fast=True, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
+
 
 class AttentionRequest(Strict):
     text: str
