@@ -222,6 +222,8 @@ def _describe(model: str, results: dict) -> str:
     notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA)
     what = "random weights (`--steps 1`)" if minutes == "0m" else f"{minutes[:-1]} min on {corpus}{notes}"
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
+    if minutes != "0m" and "--steps" in pre.get("command", ""):  # run by steps on a shared CPU
+        what = f"{corpus}{notes}, by steps: as many as {minutes[:-1]} quiet minutes reach (a shared CPU)"
     if steps and (acc := pre.get("eval", {}).get("eval_mlm_acc")) is not None:
         whose = "the generator's " if "electra" in extra else ""
         steps += f", {whose}{acc:.1%} top-1 at [MASK] held out"
