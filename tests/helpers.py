@@ -63,3 +63,15 @@ def torchrun(nproc: int, nodes: int | None = None, rdzv_id: str = "bertkit-test"
         return cmd + ["--standalone"]
     return cmd + ["--nnodes", str(nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
                   "--rdzv_id", rdzv_id]
+
+
+class Stop(Exception):
+    """Raised by stop_at's callback: a run stopped as by a crash, after a step."""
+
+
+def stop_at(n):
+    """An on_step callback that stops a run right after step n (and its checkpoint, if any)."""
+    def stop(step, model):
+        if step == n:
+            raise Stop
+    return stop

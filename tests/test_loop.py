@@ -19,7 +19,8 @@ from bertkit.training.distributed import Processes
 from bertkit.training.loop import ROLL_BACK, STOP
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import torchrun  # noqa: E402
+from helpers import Stop, torchrun  # noqa: E402
+from helpers import stop_at as _stop_at  # noqa: E402
 from loop_toy import FakeTimer, run  # noqa: E402
 
 ONE = Processes(0, 1, torch.device("cpu"))
@@ -31,17 +32,6 @@ def _records(out: Path) -> list[dict]:
 
 def _weights(job) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in job.model.parameters()])
-
-
-class Stop(Exception):
-    pass
-
-
-def _stop_at(step):
-    def on_step(now, model):
-        if now == step:
-            raise Stop
-    return on_step
 
 
 def test_a_run_stopped_anywhere_resumes_to_the_same_weights_and_log(tmp_path):

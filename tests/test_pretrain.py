@@ -10,6 +10,7 @@ from safetensors.torch import load_file
 from bertkit import BertkitError
 from bertkit.cli import main
 from bertkit.pretraining.train import RECIPES, PretrainConfig, pretrain
+from helpers import Stop, stop_at
 
 
 def _cfg(corpus, out, **kw):
@@ -19,16 +20,7 @@ def _cfg(corpus, out, **kw):
     return PretrainConfig(**{**base, **kw})
 
 
-class Stop(Exception):
-    pass
-
-
-def _stop_at(n):
-    """An on_step callback that stops a run right after step n (and its checkpoint, if any)."""
-    def stop(step, model):
-        if step == n:
-            raise Stop
-    return stop
+_stop_at = stop_at  # (test_pretrain_sweep imports both from here)
 
 
 def _lines(out):
