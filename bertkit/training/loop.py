@@ -139,9 +139,7 @@ class Loop:
         if resumed is not None:
             self.step, self.lr_scale = state["step"], state.get("lr_scale", 1.0)
             self.guard.load(state.get("guard", {}))  # skipped_steps as logged; a run of bad steps across the stop
-            saved = state.get("window")  # the steps since the last record: the next record is their mean
-            if isinstance(saved, dict) and saved.keys() == self.window.keys():
-                self.window = dict(saved)
+            self.window = self._fresh_window(state)
         # where the budget's schedule ends and the times it leaves room for: a resumed run goes on with
         # them (from the full budget again, its lr rose until the first evaluation and save); a
         # resumption with another budget, or with steps, starts them afresh
@@ -157,8 +155,12 @@ class Loop:
             raise BertkitError(f"data preparation took {self.start_s:.0f} s, the whole budget of {budget:.0f} s")
 
     # ---- the parts of a step ----
-    def _fresh_window(self) -> dict:
-        return {**{k: 0.0 for k in self.job.sums}, "steps": 0, "examples": 0, "compute": 0.0, "lr": 0.0}
+    def _fresh_window(self, state: dict | None = None) -> dict:
+        """An empty log window, or the one a checkpoint saved (the steps since its last record: the
+        next record is their mean); a checkpoint's of another shape (an older version) is not used."""
+        window = {**{k: 0.0 for k in self.job.sums}, "steps": 0, "examples": 0, "compute": 0.0, "lr": 0.0}
+        saved = (state or {}).get("window")
+        return dict(saved) if isinstance(saved, dict) and saved.keys() == window.keys() else window
 
     def closing_s(self) -> float:
         """What the run needs after its last step: the final evaluation and two saves."""
@@ -224,10 +226,7 @@ class Loop:
         state = self.job.restore(good)
         self.step, self.lr_scale = state["step"], self.lr_scale / 2
         self.guard.in_a_row = 0
-        self.window = self._fresh_window()  # the steps undone are not logged ...
-        saved = state.get("window")  # (those before the checkpoint are)
-        if isinstance(saved, dict) and saved.keys() == self.window.keys():
-            self.window = dict(saved)
+        self.window = self._fresh_window(state)  # the steps undone are not logged (those before the checkpoint are)
         self.log(f"{self.guard.limit} non-finite steps in a row: back to {good.name} with the learning rate "
                  f"x{self.lr_scale:g}")
         if self.procs.main:
