@@ -696,21 +696,22 @@ def test_a_port_in_use_or_an_unknown_host_is_one_line_naming_the_flag(tiny_bert,
 
 
 def test_abandoned_requests_are_dropped_and_a_full_queue_answers_503(tiny_bert):
-    """Six requests whose clients leave while the model is busy are never computed: a request
+    """Four requests whose clients leave while the model is busy are never computed: a request
     behind them waits for the call in flight only. Past --max-queue requests, a 503 with
-    Retry-After. A real uvicorn server, raw sockets for the clients that leave."""
+    Retry-After. A real uvicorn server, raw sockets for the clients that leave; the model call is
+    held on an event, not a clock, so a busy machine cannot change what the test sees."""
     import threading
 
     import uvicorn
     app = create_app(ServeConfig(model=str(tiny_bert), max_queue=4))
-    served, calls = app.state.served, []
-    original = served.run_encode
+    served, batcher, calls = app.state.served, app.state.batcher, []
+    original, release = served.run_encode, threading.Event()
 
-    def slow(key, items):  # each model call takes 0.5 s, whatever the machine
+    def held(key, items):  # a model call that ends when the test says so
         calls.append(len(items))
-        time.sleep(0.5)
+        assert release.wait(timeout=60), "the test never released the model call"
         return original(key, items)
-    served.run_encode = slow
+    served.run_encode = held
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -726,36 +727,44 @@ def test_abandoned_requests_are_dropped_and_a_full_queue_answers_503(tiny_bert):
     def post(texts):
         req = urllib.request.Request(f"http://127.0.0.1:{port}/encode", data=json.dumps({"texts": texts}).encode(),
                                      headers={"content-type": "application/json"})
-        return urllib.request.urlopen(req, timeout=30)
-    try:
-        for _ in range(300):
-            if server.started:
-                break
+        return urllib.request.urlopen(req, timeout=60)
+
+    def until(what, condition):
+        for _ in range(1200):
+            if condition():
+                return
             time.sleep(0.05)
+        raise AssertionError(f"waited 60 s for {what}")
+
+    def abandoned():
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=60).read().decode()
+        return float(re.search(r"bertkit_abandoned_requests_total ([0-9.]+)", metrics).group(1))
+    try:
+        until("the server to start", lambda: server.started)
         gone = [send() for _ in range(4)]
-        time.sleep(0.2)  # the first is in the model; the others queue
-        t = time.monotonic()
+        until("four requests in the server, one call in the model", lambda: batcher.in_server == 4 and calls)
         for s in gone:
             s.close()
-        time.sleep(0.3)  # the server polls for clients gone every 0.05 s
+        until("the server to see the four clients gone", lambda: abandoned() == 4)
+        release.set()  # the call in flight ends; nobody waits for it
         assert len(json.loads(post(["hi"]).read())["vectors"]) == 1
-        assert time.monotonic() - t < 2.0  # the call in flight (0.5 s) and its own, not three more
         # two model calls: the one already running when the clients left (it may have joined more
         # than one of them) and "hi"'s own; the queued ones never ran
         assert len(calls) == 2 and calls[1] == 1, calls
-        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
-        assert re.search(r"bertkit_abandoned_requests_total 4\.0", metrics), metrics[-2000:]
         # a full queue: four requests in the server, the fifth is turned away with a time to retry
+        release.clear()
         busy = [send() for _ in range(4)]
-        time.sleep(0.2)
+        until("four requests in the server", lambda: batcher.in_server == 4)
         with pytest.raises(urllib.error.HTTPError) as e:
             post(["one too many"])
         assert e.value.code == 503 and int(e.value.headers["Retry-After"]) >= 1
         assert "the server is busy: 4 requests are in it (--max-queue 4)" in json.loads(e.value.read())["error"]
+        release.set()
         for s in busy:
             assert b"200 OK" in s.recv(100)
             s.close()
     finally:
+        release.set()
         server.should_exit = True
         thread.join(timeout=30)
 

@@ -294,7 +294,7 @@ def create_app(cfg: ServeConfig, served: Served | None = None):
 
     KNOWN_PATHS = {"/encode", "/v1/embeddings", "/fill-mask", "/predict", "/attention", "/health", "/info",
                    "/metrics", "/"}
-    app.state.served = served
+    app.state.served, app.state.batcher = served, batcher
     return app
 
 
