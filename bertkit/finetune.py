@@ -23,7 +23,6 @@ from tqdm import tqdm
 from .checkpoint import load_config, load_model, load_tokenizer
 from .config import check_max_len
 from .errors import BertkitError
-from .model import init_weights
 from .optim import adamw
 from .outputs import check_output_folder
 from .precision import TRAINING_PRECISIONS, training_precision
@@ -376,7 +375,7 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     task.fit(train_ex, options)
     task.check(eval_ex, cfg.eval)
     model = TaskModel(bert, task.head(bert.config, bert))
-    init_weights(model.head, bert.config)
+    task.init_head(model.head, bert.config)
     device = procs.device
     model.to(device)
     precision = training_precision(device, cfg.precision)

@@ -172,6 +172,125 @@ def test_word_task_end_to_end(tmp_path, tiny_bert, capsys):
     assert len(pred["top"]) == 10 and not pred["word"].startswith("##")
 
 
+def test_word_head_options_take_away_what_favours_the_seen_targets(tiny_bert):
+    """bias=false: no trainable output bias (zeros kept in the weights); frozen_decoder: the head
+    reads the word embeddings but sends them no gradient; hub_correction: training keeps a
+    running mean of each word's score, which prediction takes off. The default head does none."""
+    import torch.nn.functional as F
+
+    from bertkit.checkpoint import load_model
+    from bertkit.config import load_config
+    from bertkit.tasks import get_task
+    from bertkit.tasks.word import HUB_MOMENTUM
+    cfg = load_config(tiny_bert)
+    for options, trains_bias, moves_embeddings, corrects in (({}, True, True, False),
+                                                             ({"bias": False, "frozen_decoder": True,
+                                                               "hub_correction": True}, False, False, True)):
+        bert, _ = load_model(tiny_bert, heads=False)
+        task = get_task("word")(options)
+        head = task.head(cfg, bert)
+        task.init_head(head, cfg)
+        assert ("bias" in dict(head.named_parameters())) == trains_bias and "bias" in head.state_dict()
+        torch.manual_seed(0)
+        cls = torch.randn(4, cfg.hidden_size, requires_grad=True)
+        head.train()
+        logits = head(cls)
+        F.cross_entropy(logits, torch.tensor([1, 2, 3, 4])).backward()
+        assert cls.grad is not None and cls.grad.abs().sum() > 0
+        assert (bert.embeddings.word.weight.grad is not None) == moves_embeddings
+        raw = F.linear(head.norm(F.gelu(head.dense(cls))), bert.embeddings.word.weight, head.bias).detach()
+        expected_hub = torch.zeros_like(raw[0]).lerp(raw.mean(0), HUB_MOMENTUM) if corrects else torch.zeros_like(raw[0])
+        torch.testing.assert_close(head.hub, expected_hub)
+        head.eval()
+        with torch.no_grad():
+            torch.testing.assert_close(head(cls), raw - head.hub if corrects else raw)
+
+
+def test_word_negatives_targets_ranks_the_target_among_the_training_targets_only(tiny_bert):
+    """negatives=targets: the training loss is the softmax over the training file's target words
+    (a word never seen as a target is not pushed down); evaluation's loss and the predictions
+    still range over every whole word."""
+    import torch.nn.functional as F
+
+    from bertkit.checkpoint import load_model
+    from bertkit.config import load_config
+    from bertkit.model import set_dropout
+    from bertkit.tasks import get_task
+    from bertkit.tasks.base import TaskModel
+    from bertkit.tokenizer import load_tokenizer
+    cfg, tok = load_config(tiny_bert), load_tokenizer(tiny_bert)
+    train = [{"text": "large", "word": "size"}, {"text": "heavy", "word": "weight"}, {"text": "wide", "word": "Width"}]
+    task = get_task("word")()
+    task.fit(train, {"negatives": "targets"})
+    assert task.info["train_targets"] == ["Width", "size", "weight"]
+    bert, _ = load_model(tiny_bert, heads=False)
+    model = TaskModel(bert, task.head(cfg, bert))
+    task.init_head(model.head, cfg)
+    set_dropout(model, 0.0)
+    ids = sorted(tok.token_to_id(w) for w in ("size", "weight", "width"))  # "Width" as the uncased vocabulary has it
+
+    def logits_of(batch):
+        cls = model.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).sequence_output[:, 0]
+        return model.head(cls).float()
+    batch = task.collate(task.features(train, tok, 16), tok)
+    assert batch["negatives"].nonzero().flatten().tolist() == ids
+    model.train()
+    loss, _ = task.forward(model, batch)
+    among = logits_of(batch)[:, ids]  # (3, 3): each row's score for the three targets
+    torch.testing.assert_close(loss, F.cross_entropy(among, torch.tensor([ids.index(i) for i in batch["labels"].tolist()])))
+    # evaluation: a target never trained on ("temperature") is scored against every word
+    batch = task.collate(task.features(train + [{"text": "hot", "word": "temperature"}], tok, 16), tok)
+    model.eval()
+    with torch.no_grad():
+        loss, (top, _) = task.forward(model, batch)
+        torch.testing.assert_close(loss, F.cross_entropy(logits_of(batch), batch["labels"]))
+    assert torch.isfinite(loss) and top.shape == (4, 10)
+
+
+def test_word_head_options_round_trip_and_the_mlm_transform(tmp_path, tiny_bert, minilm_folder, capsys):
+    """The options go into the folder: evaluate and predict apply the saved running mean. The
+    transform starts from the base folder's MLM head where it has one; without one the option is
+    refused by name."""
+    from bertkit import save_model
+    from bertkit.config import load_config
+    from bertkit.model import BertForPreTraining
+    from bertkit.tasks import get_task
+    from bertkit.tasks.folder import load_task_model
+    rows = [{"text": "large", "word": "size"}, {"text": "heavy", "word": "weight"},
+            {"text": "very tall", "word": "height"}, {"text": "wide", "word": "width"}] * 3
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "word"
+    _run(capsys, "finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+         "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "3e-3",
+         "--option", "bias=false", "--option", "frozen_decoder=true", "--option", "hub_correction=true")
+    task, model, _ = load_task_model(out)
+    assert task.info["hub_correction"] and model.head.hub.abs().sum() > 0 and not model.head.bias.any()
+    metrics = json.loads(_run(capsys, "evaluate", "word", "--model", str(out), "--data", str(data)))
+    assert 0 <= metrics["acc@1"] <= metrics["acc@5"] <= 1
+    # transform=mlm: from a folder with a trained MLM head ...
+    cfg = load_config(tiny_bert)
+    torch.manual_seed(1)
+    pretrained = BertForPreTraining(cfg)
+    init_weights(pretrained, cfg)
+    with torch.no_grad():
+        pretrained.mlm.dense.weight.normal_()
+        pretrained.mlm.norm.bias.fill_(0.5)
+    save_model(pretrained, tmp_path / "pretrained", tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
+    task = get_task("word")({"transform": "mlm", "base_model": str(tmp_path / "pretrained")})
+    head = task.head(cfg, pretrained.bert)
+    task.init_head(head, cfg)
+    assert torch.equal(head.dense.weight, pretrained.mlm.dense.weight)
+    assert torch.equal(head.norm.bias, pretrained.mlm.norm.bias)
+    # ... and refused for one without
+    task = get_task("word")({"transform": "mlm", "base_model": str(tiny_bert)})
+    with pytest.raises(Exception, match="has no trained MLM head"):
+        task.init_head(task.head(cfg, pretrained.bert), cfg)
+    assert main(["finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+                 "--out", str(tmp_path / "bad"), "--option", "transform=mlp"]) == 2
+    assert "transform='mlp': expected one of random, mlm" in capsys.readouterr().err
+
+
 def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):
     docs = [{"sentences": ["BERT is a language model.", "It was trained on books.", "The weather was nice.",
                            "It reads text in both directions."], "labels": [1, 0, 0, 1]}] * 6

@@ -126,6 +126,16 @@ def test_task_adaptive_pretraining_continues_a_scratch_run_on_a_task_files_texts
     assert default_lr("classify", out) == pytest.approx(1e-3)  # tiny: hidden 128
 
 
+def test_the_fast_recipe_rate_follows_the_model_width():
+    """The fast recipe's 2e-3 is the tiny preset's (128 wide); wider models take 2e-3 x 128 / width
+    (mini at 2e-3 stayed on the unigram plateau). The textbook recipe and --lr are left alone."""
+    assert PretrainConfig(model="tiny").lr == RECIPES["fast"]["lr"] == 2e-3
+    assert PretrainConfig(model="mini").lr == pytest.approx(1e-3)
+    assert PretrainConfig(model="small").lr == pytest.approx(5e-4)
+    assert PretrainConfig(model="mini", recipe="textbook").lr == RECIPES["textbook"]["lr"]
+    assert PretrainConfig(model="mini", lr=3e-3).lr == 3e-3
+
+
 def test_bad_input_is_refused_and_nothing_is_lost(tmp_path, wiki_excerpt, capsys, monkeypatch):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n  \n")

@@ -16,7 +16,7 @@ from torch import nn
 
 from ..config import BertConfig
 from ..errors import BertkitError
-from ..model import BertModel
+from ..model import BertModel, init_weights
 
 
 class TaskModel(nn.Module):
@@ -140,6 +140,11 @@ class Task:
     # model
     def head(self, cfg: BertConfig, bert: BertModel) -> nn.Module:
         raise NotImplementedError
+
+    def init_head(self, head: nn.Module, cfg: BertConfig) -> None:
+        """A new head's weights before fine-tuning: BERT's initialisation (a task may start
+        parts from the base model's folder, self.info["base_model"])."""
+        init_weights(head, cfg)
 
     def forward(self, model: TaskModel, batch: dict) -> tuple[torch.Tensor | None, Any]:
         """(loss or None when the batch has no targets, outputs for decode)."""
