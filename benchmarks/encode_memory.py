@@ -69,6 +69,7 @@ def main():
     ap.add_argument("--words", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--in-memory-lines", type=int, default=100_000)
+    ap.add_argument("--note", help="what the reader should know about this run (a CPU shared with other work)")
     args = ap.parse_args()
     from bertkit.data.registry import export
     work = Path(tempfile.mkdtemp(prefix="encode_memory_"))
@@ -100,7 +101,7 @@ def main():
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "torch": torch.__version__,
               "date": time.strftime("%Y-%m-%d"), "model": "tiny preset, random weights, MiniLM's vocabulary",
               "texts": f"rotten-tomatoes training reviews, first {args.words} words, repeated",
-              "batch_size": args.batch_size, "runs": rows}
+              "batch_size": args.batch_size, **({"note": args.note} if args.note else {}), "runs": rows}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "encode_memory.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{result['cpu']}\n\n| lines | peer | input MB | output MB | peak RSS MB | wall s | texts/s |\n"

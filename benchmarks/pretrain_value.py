@@ -209,7 +209,8 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki
             "mask15": "15% masking (`--mask-prob 0.15`)", "w1": "`--rtd-weight 1`",
             "gen2": "a generator of 2 layers (`--generator-layers 2`)",
             "m80": "BERT's 80/10/10 for the generator (`--mask-token-share 0.8`)",
-            "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)"}
+            "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)",
+            "lr2": "the tiny preset's peak lr 2e-3 (before the fast recipe's lr followed the width)"}
 CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
 
 

@@ -154,7 +154,7 @@ def report() -> None:
         model, setting, seed = key.split("|")
         if seed == "-":  # no fine-tuning: the linear map's and the prompt's figures
             print(f"{Path(model).name}, {setting}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(e.items())
-                                                                if isinstance(v, float)))
+                                                                if isinstance(v, (int, float))))
             continue
         groups.setdefault((model, setting), []).append(e)
     print("| model | setting | seeds | unseen acc@1 | unseen acc@5 | seen acc@1 | seen acc@5 |")
