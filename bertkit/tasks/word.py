@@ -30,7 +30,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import BertkitError
-
 from .base import Task, bert_inputs, boolean, one_of, pad
 
 
@@ -47,9 +46,9 @@ class WordHead(nn.Module):
         else:  # kept in the weights (zeros) so that every word head's folder has the same tensors
             self.register_buffer("bias", torch.zeros(cfg.vocab_size))
         self.frozen_decoder, self.hub_correction = frozen_decoder, hub_correction
-        # each word's mean score over the training inputs, a running mean of the last ~100 batches
-        # (a buffer: saved with the head, so evaluate and predict correct as training did)
-        self.register_buffer("hub", torch.zeros(cfg.vocab_size))
+        if hub_correction:  # each word's mean score over the training inputs, a running mean of the last
+            # ~100 batches (a buffer: saved with the head, so evaluate and predict correct as training did)
+            self.register_buffer("hub", torch.zeros(cfg.vocab_size))
 
     def forward(self, cls):                                   # cls: (B, H)
         h = self.norm(F.gelu(self.dense(cls)))                 # (B, H)
