@@ -158,11 +158,17 @@ def test_zero_piece_words_do_not_shift_labels(minilm_folder, capsys, task_name, 
     assert loss is not None and loss == loss  # finite: the all-dropped sentence is skipped, not NaN
 
 
-def test_word_task_end_to_end(tmp_path, tiny_bert, capsys):
+def _word_data(tmp_path):
+    """Twelve phrase -> word rows, as a JSONL file."""
     rows = [{"text": "large", "word": "size"}, {"text": "heavy", "word": "weight"},
             {"text": "very tall", "word": "height"}, {"text": "wide", "word": "width"}] * 3
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return data
+
+
+def test_word_task_end_to_end(tmp_path, tiny_bert, capsys):
+    data = _word_data(tmp_path)
     out = tmp_path / "word"
     _run(capsys, "finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
          "--out", str(out), "--epochs", "3", "--batch-size", "4", "--lr", "3e-3")
@@ -257,10 +263,7 @@ def test_word_head_options_round_trip_and_the_mlm_transform(tmp_path, tiny_bert,
     from bertkit.model import BertForPreTraining
     from bertkit.tasks import get_task
     from bertkit.tasks.folder import load_task_model
-    rows = [{"text": "large", "word": "size"}, {"text": "heavy", "word": "weight"},
-            {"text": "very tall", "word": "height"}, {"text": "wide", "word": "width"}] * 3
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    data = _word_data(tmp_path)
     out = tmp_path / "word"
     _run(capsys, "finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
          "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "3e-3",
