@@ -19,8 +19,7 @@ from bertkit.training.distributed import Processes
 from bertkit.training.loop import ROLL_BACK, STOP
 
 sys.path.insert(0, str(Path(__file__).parent))
-from helpers import Stop, torchrun  # noqa: E402
-from helpers import stop_at as _stop_at  # noqa: E402
+from helpers import Stop, stop_at, torchrun  # noqa: E402
 from loop_toy import FakeTimer, run  # noqa: E402
 
 ONE = Processes(0, 1, torch.device("cpu"))
@@ -39,7 +38,7 @@ def test_a_run_stopped_anywhere_resumes_to_the_same_weights_and_log(tmp_path):
     for stop in (5, 7, 19):  # on a checkpoint, past one (the steps after it run again), one before the end
         out = tmp_path / f"stop{stop}"
         with pytest.raises(Stop):
-            run(ONE, out, on_step=_stop_at(stop))
+            run(ONE, out, on_step=stop_at(stop))
         job, loop = run(ONE, out, resume=True)
         assert loop.step == 20 and torch.equal(_weights(job), _weights(straight)), stop
         assert _records(out) == _records(tmp_path / "a"), stop
@@ -71,7 +70,7 @@ def test_a_budget_stops_where_one_more_step_and_the_closing_saves_would_not_fit(
     job, loop = run(ONE, tmp_path / "c", steps=None, budget=30.0, save_every=10)
     assert loop.step == 30
     with pytest.raises(Stop):
-        run(ONE, tmp_path / "d", steps=None, budget=30.0, save_every=10, on_step=_stop_at(12))
+        run(ONE, tmp_path / "d", steps=None, budget=30.0, save_every=10, on_step=stop_at(12))
     job2, loop2 = run(ONE, tmp_path / "d", resume=True, steps=None, budget=30.0, save_every=10)
     assert loop2.step == 30 and torch.equal(_weights(job2), _weights(job))
     assert _records(tmp_path / "c") == _records(tmp_path / "d")
@@ -134,7 +133,7 @@ def test_epoch_ends_evaluate_checkpoint_and_stop_on_patience(tmp_path):
     # an epoch's end run again after a resume from a checkpoint inside it gives the same run
     out = tmp_path / "r"
     with pytest.raises(Stop):
-        run(ONE, out, steps=40, save_every=3, job_options=options, on_step=_stop_at(7))
+        run(ONE, out, steps=40, save_every=3, job_options=options, on_step=stop_at(7))
     job2, loop2 = run(ONE, out, resume=True, steps=40, save_every=3, job_options=options)
     assert loop2.step == loop.step and torch.equal(_weights(job2), _weights(job))
 

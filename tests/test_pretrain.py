@@ -20,9 +20,6 @@ def _cfg(corpus, out, **kw):
     return PretrainConfig(**{**base, **kw})
 
 
-_stop_at = stop_at  # (test_pretrain_sweep imports both from here)
-
-
 def _lines(out):
     keep = lambda r: {k: v for k, v in r.items() if k not in ("elapsed_s", "pairs_per_s")}
     return [keep(json.loads(line)) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -33,7 +30,7 @@ def _lines(out):
 def test_resume_after_a_stop_equals_an_uninterrupted_run(tmp_path, wiki_excerpt, vocab, phases):
     straight = pretrain(_cfg(wiki_excerpt, tmp_path / "a", vocab=str(vocab), **phases))
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), **phases), on_step=_stop_at(3))
+        pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), **phases), on_step=stop_at(3))
     assert not (tmp_path / "b" / "model.safetensors").exists()
     resumed = pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), resume=True, **phases))
     a = load_file(str(tmp_path / "a" / "model.safetensors"))
@@ -421,7 +418,7 @@ def test_a_budgeted_run_ends_on_time_with_the_lr_at_zero_and_resumes_on_its_cloc
     # stop part-way; the resumed run continues the same clock and schedule, not a new budget
     out2 = tmp_path / "r"
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out2, **cfg), on_step=_stop_at(10), timer=_Ticks())
+        pretrain(_cfg(wiki_excerpt, out2, **cfg), on_step=stop_at(10), timer=_Ticks())
     state = json.loads((out2 / "checkpoints" / "step_0000010" / "trainer.json").read_text())
     saved, start = state["elapsed_s"], state["start_s"]
     resumed = pretrain(_cfg(wiki_excerpt, out2, **cfg, resume=True), timer=_Ticks())
@@ -560,7 +557,7 @@ def test_a_signal_saves_a_checkpoint_and_exits_with_one_line(tmp_path, wiki_exce
 def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_excerpt, vocab, capsys):
     out = tmp_path / "run"
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5), on_step=_stop_at(2))
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5), on_step=stop_at(2))
     assert (out / "metrics.jsonl").exists() and not list((out / "checkpoints").glob("step_*"))
     # --resume there (what a user who pressed Ctrl-C types) starts it again, and says so
     summary = pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), save_every=5, resume=True, progress=True))
@@ -568,7 +565,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_e
     assert summary["steps"] == 6
     assert [r["step"] for r in _lines(out) if "loss" in r] == [1, 2, 3, 4, 5, 6]
     with pytest.raises(Stop):  # so does a run without --resume: not a dead end either way
-        pretrain(_cfg(wiki_excerpt, tmp_path / "again", vocab=str(vocab), save_every=5), on_step=_stop_at(2))
+        pretrain(_cfg(wiki_excerpt, tmp_path / "again", vocab=str(vocab), save_every=5), on_step=stop_at(2))
     assert pretrain(_cfg(wiki_excerpt, tmp_path / "again", vocab=str(vocab), save_every=5))["steps"] == 6
     with pytest.raises(BertkitError, match="no checkpoint to resume from"):  # a folder that holds no run
         pretrain(_cfg(wiki_excerpt, tmp_path / "nothing", vocab=str(vocab), resume=True))
@@ -626,7 +623,7 @@ def test_a_damaged_checkpoint_is_reported_and_the_one_before_it_used(tmp_path, w
     pretrain(_cfg(wiki_excerpt, straight, vocab=str(vocab), steps=9))
     out = tmp_path / "b"
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=9), on_step=_stop_at(6))
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=9), on_step=stop_at(6))
     newest = out / "checkpoints" / "step_0000006"
     weights = newest / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-100])  # a torn write
@@ -843,7 +840,7 @@ def test_a_resumption_with_more_steps_says_the_schedule_changes(tmp_path, wiki_e
     another schedule than the one the run started on: said, not done silently."""
     out = tmp_path / "r"
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=6), on_step=_stop_at(3))
+        pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=6), on_step=stop_at(3))
     capfd.readouterr()
     pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=8, resume=True, progress=True))
     assert "the schedule changes on resumption: steps 6 before, steps 8 now" in capfd.readouterr().err

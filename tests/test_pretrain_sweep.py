@@ -26,7 +26,8 @@ def test_skipped_steps_carry_over_a_resumption(tmp_path, wiki_excerpt, vocab, mo
     resumed run's records differed from an uninterrupted one's and a run of bad steps across
     the stop was never rolled back."""
     import bertkit.pretraining.train as train
-    from test_pretrain import Stop, _cfg, _lines, _stop_at
+    from helpers import Stop, stop_at
+    from test_pretrain import _cfg, _lines
     real = train.accumulate_gradients
 
     def poison(calls):
@@ -43,7 +44,7 @@ def test_skipped_steps_carry_over_a_resumption(tmp_path, wiki_excerpt, vocab, mo
     straight = train.pretrain(_cfg(wiki_excerpt, tmp_path / "a", vocab=str(vocab), eval_pairs=8))
     monkeypatch.setattr(train, "accumulate_gradients", poison([]))
     with pytest.raises(Stop):
-        train.pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), eval_pairs=8), on_step=_stop_at(3))
+        train.pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), eval_pairs=8), on_step=stop_at(3))
     monkeypatch.setattr(train, "accumulate_gradients", real)
     resumed = train.pretrain(_cfg(wiki_excerpt, tmp_path / "b", vocab=str(vocab), eval_pairs=8, resume=True))
     assert straight["skipped_steps"] == resumed["skipped_steps"] == 2
@@ -98,13 +99,14 @@ def test_a_resumption_between_two_records_logs_what_an_uninterrupted_run_logs(tm
     """A checkpoint between two records (--save-every 3, --log-every 4; or a Ctrl-C) lost the
     steps since the last record: the resumed run's record of step 4 was the mean of step 4
     alone, not of steps 1-4."""
-    from test_pretrain import Stop, _cfg, _lines, _stop_at
+    from helpers import Stop, stop_at
+    from test_pretrain import _cfg, _lines
 
     from bertkit.pretraining.train import pretrain
     kw = dict(vocab=str(vocab), steps=8, log_every=4, save_every=3, eval_pairs=8)
     pretrain(_cfg(wiki_excerpt, tmp_path / "a", **kw))
     with pytest.raises(Stop):
-        pretrain(_cfg(wiki_excerpt, tmp_path / "b", **kw), on_step=_stop_at(3))
+        pretrain(_cfg(wiki_excerpt, tmp_path / "b", **kw), on_step=stop_at(3))
     pretrain(_cfg(wiki_excerpt, tmp_path / "b", resume=True, **kw))
     a, b = _lines(tmp_path / "a"), _lines(tmp_path / "b")
     assert [r["step"] for r in a if "loss" in r] == [4, 8]
