@@ -21,6 +21,7 @@ benchmarks/results/pretrain_value.json, with the CPU it ran on, and a rerun skip
 from __future__ import annotations
 
 import argparse
+import fcntl
 import itertools
 import json
 import statistics
@@ -83,10 +84,13 @@ def load() -> dict:
 
 
 def record(key: str, entry: dict) -> None:
-    results = load()  # read again: another part may have written meanwhile
-    results[key] = {**entry, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+    # parts run side by side (one thread each): the lock keeps one from dropping another's entry
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = load()  # read again: another part may have written meanwhile
+        results[key] = {**entry, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 
 
 # ---- pretraining ----
