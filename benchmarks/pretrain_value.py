@@ -53,8 +53,16 @@ VARIANTS = {
     "lr 0.0003, mean": {"lr": 3e-4, "options": {"pooling": "mean"}},
     "lr 0.003, mean": {"lr": 3e-3, "options": {"pooling": "mean"}},
     "lr 0.0001, mean": {"lr": 1e-4, "options": {"pooling": "mean"}},
+    # small data sets (wnut16: 120 steps an epoch): how many steps a model pretrained for minutes needs
+    "lr 0.001, 10 epochs": {"lr": 1e-3, "epochs": 10},
+    "lr 0.001, 30 epochs": {"lr": 1e-3, "epochs": 30},
+    "lr 0.0003, 30 epochs": {"lr": 3e-4, "epochs": 30},
 }
 DATASETS = ["rotten-tomatoes", "tweets"]
+# data set -> (finetune task, the metric that is its score, the splits' file suffix); wnut16 is for the
+# learning-rate grid (the defaults' check across tasks), not the pretraining-value curve
+TASK_OF = {"rotten-tomatoes": ("classify", "accuracy", "jsonl"), "tweets": ("classify", "accuracy", "jsonl"),
+           "wnut16": ("ner", "f1", "conll")}
 PRESET_COLORS = {"tiny": "C1", "mini": "C0", "small": "C2", "base": "C3"}  # the same in every panel
 
 
@@ -127,18 +135,20 @@ def _final_eval(summary: dict) -> dict:
 
 # ---- fine-tuning ----
 def finetune_and_test(model: str, dataset: str, seed: int, **flags) -> dict:
-    """`bertkit finetune classify` on the data set's train split, dev for the epoch kept, then test."""
+    """`bertkit finetune` (the data set's task) on its train split, dev for the epoch kept, then test."""
+    task, metric, suffix = TASK_OF[dataset]
     data = data_dir(dataset)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        summary = finetune(FinetuneConfig(task="classify", model=model_folder(model), train=str(data / "train.jsonl"),
-                                          eval=str(data / "dev.jsonl"), out=tmp, seed=seed, progress=False,
+        summary = finetune(FinetuneConfig(task=task, model=model_folder(model), train=str(data / f"train.{suffix}"),
+                                          eval=str(data / f"dev.{suffix}"), out=tmp, seed=seed, progress=False,
                                           overwrite=True, **flags))
         seconds = time.perf_counter() - t0
-        test = evaluate_folder("classify", tmp, data / "test.jsonl")
+        test = evaluate_folder(task, tmp, data / f"test.{suffix}")
         info = json.loads((Path(tmp) / "bertkit.json").read_text())
     cfg = summary["config"]
-    return {"dev": summary["best_metrics"]["accuracy"], "test": test["accuracy"], "test_macro_f1": test["macro_f1"],
+    extra = {"test_macro_f1": test["macro_f1"]} if task == "classify" else {"metric": metric}
+    return {"dev": summary["best_metrics"][metric], "test": test[metric], **extra,
             "seconds": seconds, "lr": cfg["lr"], "epochs": cfg["epochs"], "best_epoch": summary["best_epoch"],
             "pooling": info.get("pooling")}
 
@@ -167,7 +177,7 @@ def _same_run(model: str, dataset: str, setting: str, seed: int) -> str | None:
     if setting != "defaults":
         return None
     from bertkit.tasks import default_lr
-    key = f"finetune|{model}|{dataset}|lr {default_lr('classify', model_folder(model)):g}|{seed}"
+    key = f"finetune|{model}|{dataset}|lr {default_lr(TASK_OF[dataset][0], model_folder(model)):g}|{seed}"
     return key if key in load() else None
 
 
@@ -262,12 +272,16 @@ def tables(results: dict) -> dict[str, str]:
         if rows:
             value += [*head, *rows, ""]
             summary += [*head, *main, ""]
+    check = []  # the defaults against the best learning rate of the grid, per model and data set
+    for dataset, (task, metric, _) in TASK_OF.items():
         for model in models:
             settings = sorted({k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{dataset}|")},
                               key=_setting_order)
             if settings == ["defaults"] or not settings:
                 continue
-            grid += [f"**{dataset}, {_describe(model, results)}**:", "",
+            if (row := _defaults_check(results, model, dataset)) is not None:
+                check.append(f"| {_describe(model, results)} | {dataset} ({task}, test {metric}) | {row}")
+            grid += [f"**{dataset}, {_describe(model, results)}**, test {metric}:", "",
                      "| setting | seeds | dev, mean | test, mean | test min-max |", "|---|---|---|---|---|"]
             for setting in settings:
                 dev, test = (collect(results, model, dataset, setting, s) for s in ("dev", "test"))
@@ -277,10 +291,31 @@ def tables(results: dict) -> dict[str, str]:
                             f"| {min(test):.3f}-{max(test):.3f} |")
             grid.append("")
     machine = f"Measured on: {'; '.join(cpus)}."
+    if check:
+        grid = ["The defaults against the best learning rate of the grid (1e-5 to 3e-3), test means over "
+                "the seeds; the target is a gap of at most 1 point:", "",
+                "| model | data | default lr | defaults | best grid lr | best | gap | lrs in the grid (seeds) |",
+                "|---|---|---|---|---|---|---|---|", *check, "", *grid]
     others = ("The variants (more text, task-adaptive, ELECTRA) are in "
               "[docs/benchmarks.md](docs/benchmarks.md#does-pretraining-pay-off).")
     return {"value": "\n".join(value + [machine]), "summary": "\n".join(summary + [machine, "", others]),
             "grid": "\n".join(grid + [machine])}
+
+
+def _defaults_check(results: dict, model: str, dataset: str) -> str | None:
+    """One row of the defaults check: None until the defaults' own lr and two more are in the grid."""
+    lrs = {}
+    for setting in {k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{dataset}|lr ")}:
+        if "," not in setting:  # the lr alone, nothing else changed
+            lrs[float(setting.removeprefix("lr "))] = collect(results, model, dataset, setting, "test")
+    default = collect(results, model, dataset, "defaults", "test")
+    if len(lrs) < 3 or not default:
+        return None
+    default_lr = results[f"finetune|{model}|{dataset}|defaults|{min(_seeds(results, model, dataset, 'defaults'))}"]["lr"]
+    best = max(lrs, key=lambda lr: statistics.mean(lrs[lr]))
+    mean, top = statistics.mean(default), statistics.mean(lrs[best])
+    grid = ", ".join(f"{lr:g} ({len(lrs[lr])})" for lr in sorted(lrs))
+    return f"{default_lr:g} | {mean:.3f} | {best:g} | {top:.3f} | {100 * (top - mean):+.1f} | {grid} |"
 
 
 def _seeds(results: dict, model: str, dataset: str, setting: str) -> list[int]:

@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import load_config, load_model, load_tokenizer
+from .checkpoint import load_config, load_model, load_tokenizer, pretraining_origin
 from .config import check_max_len
 from .errors import BertkitError
 from .optim import adamw
 from .outputs import check_output_folder
 from .precision import TRAINING_PRECISIONS, training_precision
-from .tasks import DEFAULTS, get_task
+from .tasks import DEFAULTS, default_epochs, get_task
 from .tasks.base import Task, TaskModel
 from .tasks.folder import OWN_HEAD, fine_tuned_task, load_task_model, save_task_model, task_max_len  # noqa: F401
 from .tasks.runner import _batches, _decode, _length_order, _mean_loss, evaluate_folder, run_task, task_outputs  # noqa: F401
@@ -63,11 +63,13 @@ class FinetuneConfig(RunOptions):
              "clip", "group_by_length", "seed", "options", "grad_accum", "budget", "precision")
 
     def __post_init__(self):
-        from .tasks import DEFAULTS, default_lr
+        from .tasks import default_lr
         if self.budget is not None and self.epochs is not None:  # the budget ends the run: epochs would be ignored
             raise BertkitError("give --epochs or --budget, not both")
+        # a model bertkit pretrained takes its epochs from the training set's size, known in finetune()
+        epochs_later = self.epochs is None and self.budget is None and pretraining_origin(self.model) is not None
         for name, value in DEFAULTS.get(self.task, DEFAULTS["classify"]).items():
-            if name not in ("options", "lr") and getattr(self, name) is None:
+            if name not in ("options", "lr") and getattr(self, name) is None and not (name == "epochs" and epochs_later):
                 setattr(self, name, value)
         if self.lr is None:  # by what the model is: a published checkpoint or one bertkit pretrained
             self.lr = default_lr(self.task, self.model)
@@ -78,7 +80,7 @@ class FinetuneConfig(RunOptions):
         # named as the command line spells them: the CLI passes its options straight through
         for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "patience"):
             value = getattr(self, name)
-            if value is None and name == "patience":
+            if value is None and name in ("patience", "epochs"):  # no patience; epochs: see default_epochs
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise BertkitError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
@@ -350,6 +352,8 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     # by accident), then the model folder, then the data
     task = get_task(cfg.task)()
     user_options = task.check_options(cfg.options)
+    if cfg.epochs is None:  # a model bertkit pretrained, no --epochs: enough steps (tasks.default_epochs)
+        cfg.epochs = default_epochs(cfg.task, cfg.model, len(task.read(cfg.train)), cfg.batch_size)
     if (summary := _finished(cfg, out)) is not None:
         log(f"the run in {out} is finished (summary.json): nothing to resume; its model is in {out}")
         return summary if main else None

@@ -761,3 +761,34 @@ def test_the_default_lr_follows_what_the_model_is(tmp_path, tiny_bert):
     assert FinetuneConfig(task="classify", model=str(scratch), train="t", eval="e", out="o", lr=2e-5).lr == 2e-5
     (scratch / "config.json").write_text("{")  # unreadable: the task's lr; loading the model names the error
     assert default_lr("classify", scratch) == DEFAULTS["classify"]["lr"]
+
+
+def test_a_scratch_models_default_epochs_reach_enough_steps(tmp_path, tiny_bert, monkeypatch):
+    """With no --epochs, a model bertkit pretrained from random weights is fine-tuned for at least
+    SCRATCH_MIN_STEPS steps (more epochs on a small training set), a published checkpoint for its
+    task's epochs; --epochs and --budget win, and the run records the epochs it resolved."""
+    import shutil
+
+    import bertkit.tasks as tasks
+    from bertkit.finetune import FinetuneConfig, finetune
+    from bertkit.tasks import DEFAULTS, default_epochs
+    scratch = tmp_path / "scratch"
+    shutil.copytree(tiny_bert, scratch)
+    (scratch / "bertkit.json").write_text(json.dumps({"task": "pretraining", "pretrained_from": "tiny", "steps": 1}))
+    assert default_epochs("ner", tiny_bert, 1915, 16) == DEFAULTS["ner"]["epochs"]  # published: the task's
+    assert default_epochs("ner", scratch, 1915, 16) == 8        # 120 steps an epoch: 950 steps in 8 epochs
+    assert default_epochs("classify", scratch, 10202, 32) == 3  # 319 steps an epoch: the task's 3 are enough
+    assert FinetuneConfig(task="classify", model=str(tiny_bert), train="t", eval="e", out="o").epochs == 3
+    assert FinetuneConfig(task="classify", model=str(scratch), train="t", eval="e", out="o").epochs is None
+    assert FinetuneConfig(task="classify", model=str(scratch), train="t", eval="e", out="o", epochs=2).epochs == 2
+    budget = FinetuneConfig(task="classify", model=str(scratch), train="t", eval="e", out="o", budget="1m")
+    assert budget.epochs == DEFAULTS["classify"]["epochs"]  # unused: the budget ends the run
+
+    monkeypatch.setattr(tasks, "SCRATCH_MIN_STEPS", 10)
+    rows = [{"text": f"review number {i} was {'good' if i % 2 else 'bad'}", "label": i % 2} for i in range(8)]
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    summary = finetune(FinetuneConfig(task="classify", model=str(scratch), train=str(tmp_path / "train.jsonl"),
+                                      eval=str(tmp_path / "dev.jsonl"), out=str(tmp_path / "out"), batch_size=4,
+                                      progress=False))
+    assert summary["config"]["epochs"] == summary["epochs_run"] == 5  # 2 steps an epoch: 10 steps in 5 epochs
