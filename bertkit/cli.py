@@ -414,7 +414,8 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("--out", required=True)
     from .tasks import DEFAULTS
     per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
-    ft.add_argument("--epochs", type=int, help=f"default per task: {per_task('epochs')}")
+    ft.add_argument("--epochs", type=int, help=f"default per task: {per_task('epochs')}; for a model bertkit "
+                    "pretrained from scratch, more where that is under 950 steps")
     ft.add_argument("--batch-size", type=int, help=f"default per task: {per_task('batch_size')}")
     ft.add_argument("--max-len", type=int, help=f"default per task: {per_task('max_len')}")
     ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")
