@@ -132,8 +132,9 @@ def test_a_killed_process_resumes_to_the_same_file(tmp_path, tiny_bert, sentence
             assert proc.returncode == 128 + sig and f"stopped by {signal.Signals(sig).name}" in err, err[-500:]
         assert not out.exists()
     assert stops >= 1
-    run = subprocess.run(cmd + ["--resume"], env=ENV, capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-1000:]
+    if not out.exists():  # else a resumed run finished before its signal came: the file is whole already
+        run = subprocess.run(cmd + ["--resume"], env=ENV, capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr[-1000:]
     np.testing.assert_array_equal(np.load(out), np.load(straight))
 
 
