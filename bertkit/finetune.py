@@ -66,10 +66,13 @@ class FinetuneConfig(RunOptions):
         from .tasks import default_lr
         if self.budget is not None and self.epochs is not None:  # the budget ends the run: epochs would be ignored
             raise BertkitError("give --epochs or --budget, not both")
-        # a model bertkit pretrained takes its epochs from the training set's size, known in finetune()
-        epochs_later = self.epochs is None and self.budget is None and pretraining_origin(self.model) is not None
+        # lr below; a model bertkit pretrained takes its epochs from the training set's size, known in
+        # finetune() (tasks.default_epochs), unless a budget ends the run
+        later = {"options", "lr"}
+        if self.budget is None and pretraining_origin(self.model) is not None:
+            later.add("epochs")
         for name, value in DEFAULTS.get(self.task, DEFAULTS["classify"]).items():
-            if name not in ("options", "lr") and getattr(self, name) is None and not (name == "epochs" and epochs_later):
+            if name not in later and getattr(self, name) is None:
                 setattr(self, name, value)
         if self.lr is None:  # by what the model is: a published checkpoint or one bertkit pretrained
             self.lr = default_lr(self.task, self.model)
@@ -352,8 +355,10 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     # by accident), then the model folder, then the data
     task = get_task(cfg.task)()
     user_options = task.check_options(cfg.options)
+    train_ex = None
     if cfg.epochs is None:  # a model bertkit pretrained, no --epochs: enough steps (tasks.default_epochs)
-        cfg.epochs = default_epochs(cfg.task, cfg.model, len(task.read(cfg.train)), cfg.batch_size)
+        train_ex = task.read(cfg.train)  # read once: the data checks below take it as it is
+        cfg.epochs = default_epochs(cfg.task, cfg.model, len(train_ex), cfg.batch_size)
     if (summary := _finished(cfg, out)) is not None:
         log(f"the run in {out} is finished (summary.json): nothing to resume; its model is in {out}")
         return summary if main else None
@@ -365,7 +370,7 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     model_cfg = load_config(cfg.model)
     check_max_len(cfg.max_len, model_cfg)
     tok = load_tokenizer(cfg.model, model_cfg)
-    train_ex, eval_ex = task.read(cfg.train), task.read(cfg.eval)
+    train_ex, eval_ex = task.read(cfg.train) if train_ex is None else train_ex, task.read(cfg.eval)
     if not train_ex:
         raise BertkitError(f"{cfg.train}: no training examples")
     if not eval_ex:
