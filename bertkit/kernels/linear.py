@@ -7,8 +7,9 @@ paths on AMD) and 1.07x on an Intel Xeon with AMX (benchmarks/onednn_linear.py),
 1.11-1.23x on an AMD Zen 2 with AVX2. So fp32 linear layers there go through oneDNN
 (Backend.onednn_linear, backend.py): inference directly, training through OneDNNLinear (its
 input gradient on oneDNN too, the weight gradient on torch's mm, which was faster for those
-shapes; the tiny fp32 step 1.1x on the Zen 4, the same on the Xeon: 0.483 against 0.490 s). Autocast, tracing, export and compiling keep F.linear. Results equal
-F.linear's to fp32 rounding (tests/test_model.py).
+shapes; the tiny fp32 step 1.1x on the Zen 4, the same on the Xeon: 0.483 against 0.490 s).
+Autocast, tracing, export and compiling keep F.linear. Results equal F.linear's to fp32 rounding
+(tests/test_model.py).
 """
 from __future__ import annotations
 
