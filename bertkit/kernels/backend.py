@@ -10,30 +10,18 @@ from dataclasses import dataclass
 import torch
 
 
-def _cpu_vendor() -> str:
-    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel"), read from /proc/cpuinfo; "" elsewhere."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
-
-
 def onednn_linear_pays() -> bool:
     """Where oneDNN's fp32 linear was measured faster than MKL's: CPUs with AVX-512 (AMD Zen 4
-    and later, Intel Xeons; MiniLM encode 1.15x on a Zen 4, 1.07x on a Xeon) and AMD CPUs with
-    AVX2 (Zen 2: MiniLM encode 1.20x, the tiny training step the same). Intel's AVX2 client cores
-    keep MKL, not measured there. BERTKIT_ONEDNN_LINEAR=0 keeps MKL anywhere (to compare the two)."""
+    and later, Intel Xeons; MiniLM encode 1.15x on a Zen 4, 1.07x on a Xeon). AVX2 CPUs keep MKL:
+    on a quiet AMD Zen 2 oneDNN was 0.91-0.95x MKL in one process and 0.96-0.98x in whole
+    encode processes (benchmarks/results/onednn_linear_zen2.json, encode_speed_zen2.json; an earlier
+    1.11-1.23x came from a CPU shared with a pretraining run). BERTKIT_ONEDNN_LINEAR=0 keeps MKL
+    anywhere (to compare the two)."""
     if os.environ.get("BERTKIT_ONEDNN_LINEAR", "").strip() == "0":
         return False
     if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
         return False
-    avx512 = bool(getattr(torch.cpu, "_is_avx512_supported", bool)())
-    amd_avx2 = bool(getattr(torch.cpu, "_is_avx2_supported", bool)()) and _cpu_vendor() == "AuthenticAMD"
-    return avx512 or amd_avx2
+    return bool(getattr(torch.cpu, "_is_avx512_supported", bool)())
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,12 @@
 torch's fp32 matmuls on a CPU are MKL's. On CPUs with AVX-512 oneDNN's fp32 inner product, with
 each weight reordered once into its blocked layout and GELU fused into the feed-forward's first
 matmul, encodes faster: MiniLM on 1,024 reviews 1.15x on a Zen 4 (where MKL takes slower code
-paths on AMD) and 1.07x on an Intel Xeon with AMX (benchmarks/onednn_linear.py), and
-1.11-1.23x on an AMD Zen 2 with AVX2. So fp32 linear layers there go through oneDNN
-(Backend.onednn_linear, backend.py): inference directly, training through OneDNNLinear (its
-input gradient on oneDNN too, the weight gradient on torch's mm, which was faster for those
-shapes; the tiny fp32 step 1.1x on the Zen 4, the same on the Xeon: 0.483 against 0.490 s).
+paths on AMD) and 1.07x on an Intel Xeon with AMX (benchmarks/onednn_linear.py); on a quiet
+AMD Zen 2 with AVX2 it was 0.91-0.95x MKL, so AVX2 CPUs keep MKL. Where it pays, fp32 linear
+layers go through oneDNN (Backend.onednn_linear, backend.py): inference directly, training
+through OneDNNLinear (its input gradient on oneDNN too, the weight gradient on torch's mm, which
+was faster for those shapes; the tiny fp32 step 1.1x on the Zen 4, the same on the Xeon: 0.483
+against 0.490 s).
 Autocast, tracing, export and compiling keep F.linear. Results equal F.linear's to fp32 rounding
 (tests/test_model.py).
 """
