@@ -123,7 +123,7 @@ def pretrain(preset: str, minutes: int, extra: list[str], name: str | None = Non
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
     summary = json.loads((out / "summary.json").read_text())
     record(key, {"seconds": time.perf_counter() - t0, "steps": summary.get("steps"),
-                 "eval": _final_eval(summary),
+                 "eval": _final_eval(summary), "vocab_size": json.loads((out / "config.json").read_text())["vocab_size"],
                  "command": " ".join(cmd[1:])})
 
 
@@ -226,6 +226,14 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki
             "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)",
             "lr2": "the tiny preset's peak lr 2e-3 (before the fast recipe's lr followed the width)"}
 CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
+# the variants that only set --vocab-size (the record gives the size the vocabulary reached)
+VOCABS = ("v16k", "v32k")
+DEFAULT_VOCAB = "v32k"  # --vocab-size 32768, the default since 2026-12-05 (the runs without a variant: 8,192)
+
+
+def _main_curve(model: str) -> bool:
+    """The default run's curve, then and now: no variant, or the default's vocabulary (or MiniLM)."""
+    return model == "minilm" or model.split("-")[2:] in ([], [DEFAULT_VOCAB])
 
 
 def _describe(model: str, results: dict) -> str:
@@ -234,11 +242,12 @@ def _describe(model: str, results: dict) -> str:
     preset, minutes, *extra = model.split("-")
     pre = results.get(f"pretrain|{model}", {})
     corpus = next((DESCRIBE[v] for v in extra if v in CORPORA), "wiki")
-    notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA)
-    what = "random weights (`--steps 1`)" if minutes == "0m" else f"{minutes[:-1]} min on {corpus}{notes}"
+    notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA + VOCABS)
+    vocab = f", {pre['vocab_size']:,}-piece vocabulary" if pre.get("vocab_size") else ""
+    what = f"random weights (`--steps 1`){vocab}" if minutes == "0m" else f"{minutes[:-1]} min on {corpus}{notes}{vocab}"
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
     if minutes != "0m" and "--steps" in pre.get("command", ""):  # run by steps on a shared CPU
-        what = f"{corpus}{notes}, by steps: as many as {minutes[:-1]} quiet minutes reach (a shared CPU)"
+        what = f"{corpus}{notes}{vocab}, by steps: as many as {minutes[:-1]} quiet minutes reach (a shared CPU)"
     if steps and (acc := pre.get("eval", {}).get("eval_mlm_acc")) is not None:
         whose = "the generator's " if "electra" in extra else ""
         steps += f", {whose}{acc:.1%} top-1 at [MASK] held out"
@@ -262,7 +271,7 @@ def tables(results: dict) -> dict[str, str]:
             if test:
                 rows.append(f"| {_describe(model, results)} | {len(test)} | "
                             f"{_stats(collect(results, model, dataset, 'defaults', 'dev'))} | {_stats(test)} |")
-                if model == "minilm" or len(model.split("-")) == 2:  # the default run's curve (no variant)
+                if _main_curve(model):
                     main.append(rows[-1])
         if base := results.get(f"logreg|{dataset}"):
             rows.append(f"| word-count logistic regression (scikit-learn) | - | {base['dev']:.3f} | {base['test']:.3f} |")
@@ -279,7 +288,7 @@ def tables(results: dict) -> dict[str, str]:
                               key=_setting_order)
             if settings == ["defaults"] or not settings:
                 continue
-            if len(model.split("-")) <= 2 and (row := _defaults_check(results, model, dataset)) is not None:
+            if _main_curve(model) and (row := _defaults_check(results, model, dataset)) is not None:
                 check.append(f"| {_describe(model, results)} | {dataset} ({task}, test {metric}) | {row}")
             grid += [f"**{dataset}, {_describe(model, results)}**, test {metric}:", "",
                      "| setting | seeds | dev, mean | test, mean | test min-max |", "|---|---|---|---|---|"]
@@ -369,7 +378,9 @@ def plot(results: dict, models: list[str]) -> None:
                 parts = model.split("-")
                 if model == "minilm" or parts[0] != preset or not parts[1].endswith("m"):
                     continue
-                if "-".join(parts[2:]) != variant and not (parts[1] == "0m" and len(parts) == 2):
+                # the variant's own random weights (its vocabulary), where they were fine-tuned on this set
+                own_start = bool(collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test"))
+                if "-".join(parts[2:]) != variant and not (parts[1] == "0m" and len(parts) == 2 and not own_start):
                     continue
                 test = collect(results, model, dataset, "defaults", "test")
                 if test:
@@ -379,7 +390,7 @@ def plot(results: dict, models: list[str]) -> None:
                 x, med, lo, hi = zip(*points)
                 name = f"{preset}" + (f", {variant}" if variant else "")
                 ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                            marker="o", capsize=3, linestyle="--" if variant else "-",
+                            marker="o", capsize=3, linestyle="--" if variant not in ("", DEFAULT_VOCAB) else "-",
                             color=next(variant_colors) if variant else PRESET_COLORS.get(preset),
                             label=f"bertkit {name}, fine-tuned with the defaults")
         if (base := results.get(f"logreg|{dataset}")):

@@ -382,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--short-share", type=float, help="share of the run in that first phase (recipe: 0.35)")
     pt.add_argument("--dropout", type=float, help="dropout while pretraining (recipe: 0, textbook 0.1)")
     pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")
-    pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 8192)")
+    pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 32768)")
     pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (recipe: 0.3, textbook 0.15)")
     pt.add_argument("--max-predictions", type=int, help="per sequence (default ceil(max_len x mask_prob))")
     pt.add_argument("--whole-word", action="store_true", help="mask all pieces of a word together")
