@@ -122,9 +122,9 @@ def pretrain(preset: str, minutes: int, extra: list[str], name: str | None = Non
     with open(log, "a") as f:
         subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
     summary = json.loads((out / "summary.json").read_text())
+    vocab_size = json.loads((out / "config.json").read_text())["vocab_size"]  # the size the vocabulary reached
     record(key, {"seconds": time.perf_counter() - t0, "steps": summary.get("steps"),
-                 "eval": _final_eval(summary), "vocab_size": json.loads((out / "config.json").read_text())["vocab_size"],
-                 "command": " ".join(cmd[1:])})
+                 "eval": _final_eval(summary), "vocab_size": vocab_size, "command": " ".join(cmd[1:])})
 
 
 def _final_eval(summary: dict) -> dict:
@@ -244,7 +244,8 @@ def _describe(model: str, results: dict) -> str:
     corpus = next((DESCRIBE[v] for v in extra if v in CORPORA), "wiki")
     notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA + VOCABS)
     vocab = f", {pre['vocab_size']:,}-piece vocabulary" if pre.get("vocab_size") else ""
-    what = f"random weights (`--steps 1`){vocab}" if minutes == "0m" else f"{minutes[:-1]} min on {corpus}{notes}{vocab}"
+    what = (f"random weights (`--steps 1`){vocab}" if minutes == "0m"
+            else f"{minutes[:-1]} min on {corpus}{notes}{vocab}")
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
     if minutes != "0m" and "--steps" in pre.get("command", ""):  # run by steps on a shared CPU
         what = f"{corpus}{notes}{vocab}, by steps: as many as {minutes[:-1]} quiet minutes reach (a shared CPU)"
