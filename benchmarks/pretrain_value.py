@@ -375,12 +375,12 @@ def plot(results: dict, models: list[str]) -> None:
         variant_colors = itertools.cycle([f"C{k}" for k in range(2, 10)] + ["black", "olive", "teal"])  # C0, C1: presets
         for preset, variant in series:
             points = []
+            # the variant's own random weights (its vocabulary), where they were fine-tuned on this set
+            own_start = bool(collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test"))
             for model in models:
                 parts = model.split("-")
                 if model == "minilm" or parts[0] != preset or not parts[1].endswith("m"):
                     continue
-                # the variant's own random weights (its vocabulary), where they were fine-tuned on this set
-                own_start = bool(collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test"))
                 if "-".join(parts[2:]) != variant and not (parts[1] == "0m" and len(parts) == 2 and not own_start):
                     continue
                 test = collect(results, model, dataset, "defaults", "test")

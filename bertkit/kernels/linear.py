@@ -8,9 +8,8 @@ AMD Zen 2 with AVX2 it was 0.91-0.95x MKL, so AVX2 CPUs keep MKL. Where it pays,
 layers go through oneDNN (Backend.onednn_linear, backend.py): inference directly, training
 through OneDNNLinear (its input gradient on oneDNN too, the weight gradient on torch's mm, which
 was faster for those shapes; the tiny fp32 step 1.1x on the Zen 4, the same on the Xeon: 0.483
-against 0.490 s).
-Autocast, tracing, export and compiling keep F.linear. Results equal F.linear's to fp32 rounding
-(tests/test_model.py).
+against 0.490 s). Autocast, tracing, export and compiling keep F.linear. Results equal
+F.linear's to fp32 rounding (tests/test_model.py).
 """
 from __future__ import annotations
 
