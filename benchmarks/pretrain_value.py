@@ -11,6 +11,8 @@ benchmarks/results/pretrain_value.json, with the CPU it ran on, and a rerun skip
   kept) and test; the baselines;
 - `grid`: the learning-rate grid {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3} beside the defaults, for
   the fine-tuning defaults' rule (bertkit.tasks.default_lr);
+- `cv`: rotten-tomatoes in 5 folds, every review a test review once, for comparisons that one
+  test split of 1,275 reviews is too small to settle (seed 0, the defaults, word counts per fold);
 - `report`: the tables (median, min and max over seeds) and docs/pretrain-value.png.
 
     .venv/bin/python benchmarks/pretrain_value.py pretrain --presets tiny --minutes 0 10
@@ -24,6 +26,7 @@ import argparse
 import fcntl
 import itertools
 import json
+import random
 import statistics
 import subprocess
 import sys
@@ -59,10 +62,14 @@ VARIANTS = {
     "lr 0.0003, 30 epochs": {"lr": 3e-4, "epochs": 30},
 }
 DATASETS = ["rotten-tomatoes", "tweets"]
+# the `cv` part: rotten-tomatoes in 5 folds, each model fine-tuned once per fold (seed 0), so that every
+# review is a test review once: a comparison the 1,275 reviews of one test split are too few for
+CV_DATA, FOLDS = "rotten-tomatoes", 5
 # data set -> (finetune task, the metric that is its score, the splits' file suffix); wnut16 is for the
 # learning-rate grid (the defaults' check across tasks), not the pretraining-value curve
 TASK_OF = {"rotten-tomatoes": ("classify", "accuracy", "jsonl"), "tweets": ("classify", "accuracy", "jsonl"),
            "wnut16": ("ner", "f1", "conll")}
+TASK_OF.update({f"{CV_DATA}-fold{k}": TASK_OF[CV_DATA] for k in range(FOLDS)})
 PRESET_COLORS = {"tiny": "C1", "mini": "C0", "small": "C2", "base": "C3"}  # the same in every panel
 
 
@@ -82,8 +89,30 @@ def model_folder(name: str) -> str:
 
 def data_dir(name: str) -> Path:
     out = DATA / name
+    if name.startswith(f"{CV_DATA}-fold"):
+        return cv_fold(int(name.removeprefix(f"{CV_DATA}-fold")))
     if not (out / "README.md").is_file():
         export(name, out, overwrite=True)
+    return out
+
+
+def cv_fold(k: int) -> Path:
+    """rotten-tomatoes' 12,752 reviews (train, dev and test together) in FOLDS seeded folds: fold k
+    is the test split, fold k+1 the dev split (the epoch kept), the other three the training split.
+    One test split of 1,275 reviews has a standard error of about 1.1 points; the folds together
+    score every review once (about 0.37)."""
+    out = DATA / f"{CV_DATA}-fold{k}"
+    if (out / "test.jsonl").is_file():
+        return out
+    rows = [line for split in ("train", "dev", "test")
+            for line in (data_dir(CV_DATA) / f"{split}.jsonl").read_text().split("\n") if line.strip()]
+    random.Random(0).shuffle(rows)
+    folds = [rows[i::FOLDS] for i in range(FOLDS)]
+    parts = {"test": folds[k], "dev": folds[(k + 1) % FOLDS],
+             "train": [r for i, f in enumerate(folds) if i not in (k, (k + 1) % FOLDS) for r in f]}
+    out.mkdir(parents=True, exist_ok=True)
+    for name, part in parts.items():
+        (out / f"{name}.jsonl").write_text("\n".join(part) + "\n")
     return out
 
 
@@ -198,6 +227,12 @@ def word_count_logreg(dataset: str) -> dict:
 
 
 # ---- report ----
+def _test_cell(values: list[float]) -> str:
+    """A summary cell: the median (min-max), and the count of seeds where it is not 3."""
+    count = "" if len(values) in (0, 3) else f", {len(values)} seed{'s' * (len(values) > 1)}"
+    return _stats(values) + count
+
+
 def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})" if values else "-"
 
@@ -266,22 +301,29 @@ def tables(results: dict) -> dict[str, str]:
     cpus = sorted({e["cpu"] for e in results.values()})
     value, summary, grid = [], [], []
     for dataset in DATASETS:
-        rows, main = [], []
+        rows = []
         for model in models:
             test = collect(results, model, dataset, "defaults", "test")
             if test:
                 rows.append(f"| {_describe(model, results)} | {len(test)} | "
                             f"{_stats(collect(results, model, dataset, 'defaults', 'dev'))} | {_stats(test)} |")
-                if _main_curve(model):
-                    main.append(rows[-1])
         if base := results.get(f"logreg|{dataset}"):
             rows.append(f"| word-count logistic regression (scikit-learn) | - | {base['dev']:.3f} | {base['test']:.3f} |")
-            main.append(rows[-1])
         head = [f"**{dataset}**, fine-tuned with `bertkit finetune classify`'s defaults; accuracy, median "
                 "(min-max) over seeds:", "", "| model | seeds | dev | test |", "|---|---|---|---|"]
         if rows:
             value += [*head, *rows, ""]
-            summary += [*head, *main, ""]
+    # the README's summary: the default run's curve, both data sets side by side, test only
+    for model in filter(_main_curve, models):
+        cells = [_test_cell(collect(results, model, dataset, "defaults", "test")) for dataset in DATASETS]
+        if any(cell != "-" for cell in cells):
+            summary.append(f"| {_describe(model, results)} | {' | '.join(cells)} |")
+    bases = [results.get(f"logreg|{dataset}", {}).get("test") for dataset in DATASETS]
+    summary.append("| word-count logistic regression (scikit-learn) | "
+                   + " | ".join("-" if b is None else f"{b:.3f}" for b in bases) + " |")
+    summary = ["Fine-tuned with `bertkit finetune classify`'s defaults; test accuracy, median (min-max) of 3 "
+               "seeds where the cell names no other count:", "",
+               f"| model | {' | '.join(DATASETS)} |", "|---|" + "---|" * len(DATASETS), *summary, ""]
     check = []  # the defaults against the best learning rate of the grid, per model and data set
     for dataset, (task, metric, _) in TASK_OF.items():
         for model in models:
@@ -306,10 +348,46 @@ def tables(results: dict) -> dict[str, str]:
                 "the seeds; the target is a gap of at most 1 point. The gap on dev is to the best lr on dev:", "",
                 "| model | data | default lr | defaults | best grid lr | best | gap | gap on dev | lrs in the grid (seeds) |",
                 "|---|---|---|---|---|---|---|---|---|", *check, "", *grid]
-    others = ("The variants (more text, task-adaptive, ELECTRA) are in "
+    cv = cv_table(results, models)
+    others = ("The variants (more text, task-adaptive, ELECTRA) and the 5-fold check are in "
               "[docs/benchmarks.md](docs/benchmarks.md#does-pretraining-pay-off).")
     return {"value": "\n".join(value + [machine]), "summary": "\n".join(summary + [machine, "", others]),
-            "grid": "\n".join(grid + [machine])}
+            "grid": "\n".join(grid + [machine]), "cv": "\n".join(cv + [machine])}
+
+
+def cv_scores(results: dict, model: str) -> list[float] | None:
+    """The `cv` part's test accuracy per fold ("logreg": word counts), or None while a fold is missing."""
+    keys = [f"logreg|{CV_DATA}-fold{k}" if model == "logreg" else f"finetune|{model}|{CV_DATA}-fold{k}|defaults|0"
+            for k in range(FOLDS)]
+    return None if any(k not in results for k in keys) else [results[k]["test"] for k in keys]
+
+
+def cv_pooled(accs: list[float]) -> float:
+    """Accuracy over every fold's test reviews together (the folds differ by a review or so)."""
+    sizes = [sum(1 for line in (cv_fold(k) / "test.jsonl").open() if line.strip()) for k in range(FOLDS)]
+    return sum(a * n for a, n in zip(accs, sizes)) / sum(sizes)
+
+
+def cv_table(results: dict, models: list[str]) -> list[str]:
+    """The `cv` part: accuracy over every fold's test reviews, and each fold's difference from
+    word-count logistic regression on the same fold."""
+    base = cv_scores(results, "logreg")
+    if base is None:
+        return []
+    reviews = sum(1 for k in range(FOLDS) for line in (cv_fold(k) / "test.jsonl").open() if line.strip())
+    rows = [f"| word-count logistic regression (scikit-learn) | {cv_pooled(base):.3f} | "
+            f"{min(base):.3f}-{max(base):.3f} | - |"]
+    for model in models:
+        if (accs := cv_scores(results, model)) is None:
+            continue
+        diff = [100 * (a - b) for a, b in zip(accs, base)]
+        rows.append(f"| {_describe(model, results)} | {cv_pooled(accs):.3f} | {min(accs):.3f}-{max(accs):.3f} | "
+                    f"{statistics.mean(diff):+.1f} ({min(diff):+.1f} to {max(diff):+.1f}) |")
+    return [f"**rotten-tomatoes in {FOLDS} folds** (`cv`): its {reviews:,} reviews in {FOLDS} seeded folds; "
+            "each fold is the test split once, the next fold the dev split, the other three the training split; "
+            "fine-tuned with the defaults, seed 0; test accuracy over all the folds, each fold's range, and the "
+            "difference from word counts on the same fold, in points (mean, min to max):", "",
+            "| model | accuracy, every review once | folds | against word counts |", "|---|---|---|---|", *rows, ""]
 
 
 def _defaults_check(results: dict, model: str, dataset: str) -> str | None:
@@ -340,6 +418,7 @@ def _seeds(results: dict, model: str, dataset: str, setting: str) -> list[int]:
 
 # where `report --write` puts the tables: between <!-- pretrain-value:NAME --> and <!-- /pretrain-value:NAME -->
 WRITE_TO = {"summary": [ROOT / "README.md"], "value": [ROOT / "docs" / "benchmarks.md"],
+            "cv": [ROOT / "docs" / "benchmarks.md"],
             "grid": [ROOT / "docs" / "finetuning.md", ROOT / "docs" / "benchmarks.md"]}
 
 
@@ -359,7 +438,7 @@ def write_tables(parts: dict[str, str]) -> None:
 def report(write: bool = False) -> None:
     results = load()
     parts = tables(results)
-    print(parts["value"] + "\n\n" + parts["grid"])
+    print(parts["value"] + "\n\n" + parts["grid"] + "\n\n" + parts["cv"])
     if write:
         write_tables(parts)
     plot(results, sorted({k.split("|")[1] for k in results if k.startswith("finetune|")}))
@@ -367,7 +446,8 @@ def report(write: bool = False) -> None:
 
 def plot(results: dict, models: list[str]) -> None:
 
-    fig, axes = figure(1, len(DATASETS), figsize=(6 * len(DATASETS), 4.2))
+    folds = cv_scores(results, "logreg") is not None
+    fig, axes = figure(1, len(DATASETS) + folds, figsize=(6 * (len(DATASETS) + folds), 6.5))
     for ax, dataset in zip(axes, DATASETS):
         # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
         series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
@@ -398,19 +478,45 @@ def plot(results: dict, models: list[str]) -> None:
             ax.axhline(base["test"], color="gray", linestyle="--", label="word-count logistic regression")
         if (mini := collect(results, "minilm", dataset, "defaults", "test")):
             ax.axhline(statistics.median(mini), color="green", linestyle=":", label="MiniLM (fully pretrained)")
-        ax.set_title(f"{dataset}: test accuracy (median of seeds, min-max bars)")
-        ax.set_xlabel("pretraining CPU minutes (2 cores)")
-        ax.set_ylabel("accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        ax.set_title(f"{dataset}: test accuracy (median of seeds, min-max bars)", fontsize=10)
+        _axes_below(ax)
+    if folds:
+        _plot_folds(axes[-1], results, models)
     fig.suptitle("CPUs: " + "; ".join(sorted({e["cpu"] for e in results.values()})), fontsize=9)
     save_figure(fig, PLOT)
     print(f"\nwrote {PLOT}")
 
 
+def _axes_below(ax) -> None:
+    ax.set_xlabel("pretraining CPU minutes (2 cores)")
+    ax.set_ylabel("accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
+
+
+def _plot_folds(ax, results: dict, models: list[str]) -> None:
+    """The `cv` part: each run's accuracy over all 12,752 reviews, by pretraining minutes and vocabulary."""
+    curves: dict[str, list] = {}
+    for model in models:
+        parts = model.split("-")
+        if model == "minilm" or (accs := cv_scores(results, model)) is None:
+            continue
+        # the vocabulary asked for (the runs without a variant: 8,192), as the main panels' curves
+        vocab = {"": "8,192", "v16k": "16,384", "v32k": "32,768"}.get("-".join(parts[2:]), "-".join(parts[2:]))
+        curves.setdefault(f"bertkit {parts[0]}, --vocab-size {vocab}", []).append(
+            (int(parts[1][:-1]), cv_pooled(accs)))
+    for color, (name, points) in zip(("C1", "C3", "C4", "C5"), sorted(curves.items())):
+        x, y = zip(*sorted(points))
+        ax.plot(x, y, marker="o", color=color, label=f"{name}, fine-tuned with the defaults")
+    ax.axhline(cv_pooled(cv_scores(results, "logreg")), color="gray", linestyle="--",
+               label="word-count logistic regression")
+    ax.set_title(f"rotten-tomatoes, {FOLDS} folds: every review tested once (seed 0)", fontsize=10)
+    _axes_below(ax)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("part", choices=["pretrain", "value", "grid", "variants", "baselines", "report"])
+    p.add_argument("part", choices=["pretrain", "value", "grid", "variants", "baselines", "cv", "report"])
     p.add_argument("--presets", nargs="+", default=["tiny", "mini"])
     p.add_argument("--minutes", nargs="+", type=int, default=[0, 10, 30, 60])
     p.add_argument("--models", nargs="+", help="names under runs/pretrain-value (tiny-10m), minilm, or folders")
@@ -435,6 +541,12 @@ def main():
             print(dataset, load()[f"logreg|{dataset}"])
     elif a.part == "value":
         run_finetunes(models, a.data, a.seeds, {"defaults": {}})
+    elif a.part == "cv":
+        folds = [f"{CV_DATA}-fold{k}" for k in range(FOLDS)]
+        for fold in folds:
+            if f"logreg|{fold}" not in load():
+                record(f"logreg|{fold}", word_count_logreg(fold))
+        run_finetunes(models, folds, [0], {"defaults": {}})
     elif a.part == "grid":
         run_finetunes(models, a.data, a.seeds, {f"lr {lr:g}": {"lr": lr} for lr in a.lrs})
     elif a.part == "variants":
