@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import functools
 import itertools
 import json
 import random
@@ -65,11 +66,12 @@ DATASETS = ["rotten-tomatoes", "tweets"]
 # the `cv` part: rotten-tomatoes in 5 folds, each model fine-tuned once per fold (seed 0), so that every
 # review is a test review once: a comparison the 1,275 reviews of one test split are too few for
 CV_DATA, FOLDS = "rotten-tomatoes", 5
+CV_FOLDS = [f"{CV_DATA}-fold{k}" for k in range(FOLDS)]  # the folds' data set names
 # data set -> (finetune task, the metric that is its score, the splits' file suffix); wnut16 is for the
 # learning-rate grid (the defaults' check across tasks), not the pretraining-value curve
 TASK_OF = {"rotten-tomatoes": ("classify", "accuracy", "jsonl"), "tweets": ("classify", "accuracy", "jsonl"),
            "wnut16": ("ner", "f1", "conll")}
-TASK_OF.update({f"{CV_DATA}-fold{k}": TASK_OF[CV_DATA] for k in range(FOLDS)})
+TASK_OF.update({fold: TASK_OF[CV_DATA] for fold in CV_FOLDS})
 PRESET_COLORS = {"tiny": "C1", "mini": "C0", "small": "C2", "base": "C3"}  # the same in every panel
 
 
@@ -89,8 +91,8 @@ def model_folder(name: str) -> str:
 
 def data_dir(name: str) -> Path:
     out = DATA / name
-    if name.startswith(f"{CV_DATA}-fold"):
-        return cv_fold(int(name.removeprefix(f"{CV_DATA}-fold")))
+    if name in CV_FOLDS:
+        return cv_fold(CV_FOLDS.index(name))
     if not (out / "README.md").is_file():
         export(name, out, overwrite=True)
     return out
@@ -101,7 +103,7 @@ def cv_fold(k: int) -> Path:
     is the test split, fold k+1 the dev split (the epoch kept), the other three the training split.
     One test split of 1,275 reviews has a standard error of about 1.1 points; the folds together
     score every review once (about 0.37)."""
-    out = DATA / f"{CV_DATA}-fold{k}"
+    out = DATA / CV_FOLDS[k]
     if (out / "test.jsonl").is_file():
         return out
     rows = [line for split in ("train", "dev", "test")
@@ -326,7 +328,7 @@ def tables(results: dict) -> dict[str, str]:
                f"| model | {' | '.join(DATASETS)} |", "|---|" + "---|" * len(DATASETS), *summary, ""]
     check = []  # the defaults against the best learning rate of the grid, per model and data set
     for dataset, (task, metric, _) in TASK_OF.items():
-        if dataset.startswith(f"{CV_DATA}-fold"):  # the folds have their own table
+        if dataset in CV_FOLDS:  # the folds have their own table
             continue
         for model in models:
             settings = sorted({k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{dataset}|")},
@@ -359,15 +361,19 @@ def tables(results: dict) -> dict[str, str]:
 
 def cv_scores(results: dict, model: str, setting: str = "defaults") -> list[float] | None:
     """The `cv` part's test accuracy per fold ("logreg": word counts), or None while a fold is missing."""
-    keys = [f"logreg|{CV_DATA}-fold{k}" if model == "logreg" else f"finetune|{model}|{CV_DATA}-fold{k}|{setting}|0"
-            for k in range(FOLDS)]
+    keys = [f"logreg|{fold}" if model == "logreg" else f"finetune|{model}|{fold}|{setting}|0" for fold in CV_FOLDS]
     return None if any(k not in results for k in keys) else [results[k]["test"] for k in keys]
 
 
+@functools.cache
+def cv_sizes() -> tuple[int, ...]:
+    """Each fold's test reviews (the folds differ by a review or so)."""
+    return tuple(sum(1 for line in (cv_fold(k) / "test.jsonl").open() if line.strip()) for k in range(FOLDS))
+
+
 def cv_pooled(accs: list[float]) -> float:
-    """Accuracy over every fold's test reviews together (the folds differ by a review or so)."""
-    sizes = [sum(1 for line in (cv_fold(k) / "test.jsonl").open() if line.strip()) for k in range(FOLDS)]
-    return sum(a * n for a, n in zip(accs, sizes)) / sum(sizes)
+    """Accuracy over every fold's test reviews together."""
+    return sum(a * n for a, n in zip(accs, cv_sizes())) / sum(cv_sizes())
 
 
 def cv_table(results: dict, models: list[str]) -> list[str]:
@@ -376,13 +382,12 @@ def cv_table(results: dict, models: list[str]) -> list[str]:
     base = cv_scores(results, "logreg")
     if base is None:
         return []
-    reviews = sum(1 for k in range(FOLDS) for line in (cv_fold(k) / "test.jsonl").open() if line.strip())
     rows = [f"| word-count logistic regression (scikit-learn) | {cv_pooled(base):.3f} | "
             f"{min(base):.3f}-{max(base):.3f} | - |"]
     for model in models:
         # the defaults, then the learning rates `cv --lrs` tried
-        settings = sorted({k.split("|")[3] for k in results if k.startswith(f"finetune|{model}|{CV_DATA}-fold")},
-                          key=_setting_order)
+        settings = sorted({k.split("|")[3] for k in results
+                           if k.startswith(f"finetune|{model}|") and k.split("|")[2] in CV_FOLDS}, key=_setting_order)
         for setting in ["defaults"] + [s for s in settings if s != "defaults"]:
             if (accs := cv_scores(results, model, setting)) is None:
                 continue
@@ -390,7 +395,7 @@ def cv_table(results: dict, models: list[str]) -> list[str]:
             name = _describe(model, results) + ("" if setting == "defaults" else f", fine-tuned with {setting}")
             rows.append(f"| {name} | {cv_pooled(accs):.3f} | {min(accs):.3f}-{max(accs):.3f} | "
                         f"{statistics.mean(diff):+.1f} ({min(diff):+.1f} to {max(diff):+.1f}) |")
-    return [f"**rotten-tomatoes in {FOLDS} folds** (`cv`): its {reviews:,} reviews in {FOLDS} seeded folds; "
+    return [f"**rotten-tomatoes in {FOLDS} folds** (`cv`): its {sum(cv_sizes()):,} reviews in {FOLDS} seeded folds; "
             "each fold is the test split once, the next fold the dev split, the other three the training split; "
             "fine-tuned with the defaults unless the row names an lr, seed 0; test accuracy over all the folds, "
             "each fold's range, and the difference from word counts on the same fold, in points (mean, min to max):",
@@ -551,11 +556,10 @@ def main():
     elif a.part == "value":
         run_finetunes(models, a.data, a.seeds, {"defaults": {}})
     elif a.part == "cv":
-        folds = [f"{CV_DATA}-fold{k}" for k in range(FOLDS)]
-        for fold in folds:
+        for fold in CV_FOLDS:
             if f"logreg|{fold}" not in load():
                 record(f"logreg|{fold}", word_count_logreg(fold))
-        run_finetunes(models, folds, [0], {"defaults": {}, **{f"lr {lr:g}": {"lr": lr} for lr in a.lrs or []}})
+        run_finetunes(models, CV_FOLDS, [0], {"defaults": {}, **{f"lr {lr:g}": {"lr": lr} for lr in a.lrs or []}})
     elif a.part == "grid":
         run_finetunes(models, a.data, a.seeds, {f"lr {lr:g}": {"lr": lr} for lr in a.lrs or GRID})
     elif a.part == "variants":

@@ -106,8 +106,9 @@ class PretrainConfig(RunOptions):
     # WordPiece vocabulary trained when neither the model nor --vocab brings one. 32,768, not 8,192:
     # a small vocabulary cuts opinion words into pieces a small model must put back together.
     # Logistic regression on the pieces' counts, rotten-tomatoes test: 8,192 0.760, 32,768 (26,986
-    # pieces on wiki) 0.791, whole words 0.787; the 10-minute tiny fine-tuned with the defaults:
-    # 0.761 and 0.791 (mean of 3 seeds, benchmarks/pretrain_value.py).
+    # pieces on wiki) 0.791, whole words 0.787. Tiny fine-tuned with the defaults, all 12,752
+    # reviews in 5 folds (benchmarks/pretrain_value.py cv): random weights 0.740 and 0.752, an hour
+    # of pretraining 0.748 and 0.758.
     vocab_size: int = 32768
     mask_prob: float | None = None   # share of tokens to predict
     max_predictions: int | None = None  # per sequence; default ceil(max_len x mask_prob)
