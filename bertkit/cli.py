@@ -68,6 +68,8 @@ def cmd_encode(args) -> None:
     check_output_file(output, args.overwrite)
     if args.batch_size < 1:
         raise BertkitError(f"--batch-size must be at least 1, got {args.batch_size}")
+    if args.chunk_texts is not None and args.chunk_texts < 1:
+        raise BertkitError(f"--chunk-texts must be at least 1, got {args.chunk_texts}")
     config = load_config(args.model)
     if args.max_len is not None:
         check_max_len(args.max_len, config)
@@ -79,7 +81,7 @@ def cmd_encode(args) -> None:
                                   backend=args.backend)
     n = encode_file(encoder, args.input, output, args.pooling, args.batch_size, args.max_len, not args.no_truncation,
                     args.normalize, args.dtype, args.resume, args.overwrite, model=str(Path(args.model).resolve()),
-                    backend=args.backend, procs=procs)
+                    backend=args.backend, procs=procs, chunk=args.chunk_texts)
     if procs and not procs.main:
         return
     normalized = encoder.default_normalize if args.normalize is None else args.normalize
@@ -331,6 +333,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--pooling", choices=["cls", "mean", "pooler"], default=None,
                    help="default: what the folder declares (sentence-transformers), else cls")
     e.add_argument("--batch-size", type=int, default=32)
+    e.add_argument("--chunk-texts", type=int, default=None, metavar="N",
+                   help="texts sorted by length together, the most a kill loses and what processes share out "
+                        "(default 4096; on --resume, the interrupted run's)")
     e.add_argument("--max-len", type=int, default=None,
                    help="tokens per text (default: a sentence-transformers folder's max_seq_length, as "
                         "sentence-transformers reads it, e.g. 256 for all-MiniLM-L6-v2; else the model's positions)")

@@ -132,6 +132,8 @@ CASES = [
      "--out {tmp}/new --patience 0", "--patience must be an integer of at least 1, got 0"),
     ("encode-batch-size-zero", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/new.npy --batch-size 0",
      "--batch-size must be at least 1"),
+    ("encode-chunk-texts-zero", "encode --model {tiny} --input {tmp}/texts.txt --output {tmp}/new.npy --chunk-texts 0",
+     "--chunk-texts must be at least 1, got 0"),
     ("fill-mask-top-k-zero", "fill-mask --model {tiny} --top-k 0 a\x00[MASK]\x00here", "--top-k must be at least 1"),
     # 4. task options: unknown keys listed, bad values named, before any training
     ("finetune-option-typo", "finetune classify --model {tiny} --train {tmp}/train.csv --eval {tmp}/train.csv "

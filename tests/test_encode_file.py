@@ -13,13 +13,14 @@ import pytest
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from bertkit.inference.encode import CHUNK_BATCHES, Encoder
+from bertkit.inference.encode import Encoder
 from bertkit.inference.encode_file import done_chunks, encode_file, partial_folder
 from bertkit.inputs import read_chunk, read_text_inputs, scan_text_inputs
 from helpers import torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-BATCH = 4  # chunks of 4 x 32 = 128 texts: the 700 sentences below are 6 chunks
+BATCH = 4
+CHUNK = 128  # --chunk-texts: the 700 sentences below are 6 chunks (the default, 4,096, would make one)
 
 
 @pytest.fixture(scope="module")
@@ -36,12 +37,13 @@ def sentences(tmp_path_factory, wiki_excerpt):
 def reference(tiny_bert, sentences):
     """The in-memory result: Encoder.encode on every text at once."""
     texts = read_text_inputs(sentences).texts
-    return Encoder.from_folder(tiny_bert, device="cpu").encode(texts, batch_size=BATCH)
+    return Encoder.from_folder(tiny_bert, device="cpu").encode(texts, batch_size=BATCH, chunk=CHUNK)
 
 
-def _encode(model, input, output, *extra):
+def _encode(model, input, output, *extra, chunk=CHUNK):
+    """`bertkit encode` in BATCH-text batches; chunk None: no --chunk-texts."""
     return main(["encode", "--model", str(model), "--input", str(input), "--output", str(output),
-                 "--batch-size", str(BATCH), *extra])
+                 "--batch-size", str(BATCH), *(["--chunk-texts", str(chunk)] if chunk else []), *extra])
 
 
 def test_the_scan_reads_back_every_line_in_chunks(sentences):
@@ -70,7 +72,8 @@ def test_pairs_stream_as_the_library_encodes_them(tmp_path, tiny_bert, sentences
     rows.write_text("".join(json.dumps({"text": a, "text_pair": b}) + "\n" for a, b in zip(texts, texts[::-1])))
     out = tmp_path / "p.npy"
     assert _encode(tiny_bert, rows, out, "--pooling", "mean") == 0
-    expected = Encoder.from_folder(tiny_bert, device="cpu").encode(texts, texts[::-1], pooling="mean", batch_size=BATCH)
+    expected = Encoder.from_folder(tiny_bert, device="cpu").encode(texts, texts[::-1], pooling="mean", batch_size=BATCH,
+                                                                   chunk=CHUNK)
     np.testing.assert_array_equal(np.load(out), expected)
 
 
@@ -78,7 +81,8 @@ def test_pairs_stream_as_the_library_encodes_them(tmp_path, tiny_bert, sentences
 def test_a_run_stopped_at_a_random_moment_resumes_to_the_same_file(tmp_path, tiny_bert, sentences, reference,
                                                                    monkeypatch, seed, capsys):
     """Stopped after a random number of chunk writes, sometimes between a chunk's rows and its
-    record (as a SIGKILL may): --resume ends with the uninterrupted run's file."""
+    record (as a SIGKILL may): --resume ends with the uninterrupted run's file, in the chunks the
+    run began with."""
     import bertkit.inference.encode_file as ef
     rng = random.Random(seed)
     out = tmp_path / "v.npy"
@@ -92,7 +96,8 @@ def test_a_run_stopped_at_a_random_moment_resumes_to_the_same_file(tmp_path, tin
                 raise KeyboardInterrupt
             real(fd)
         monkeypatch.setattr(ef.os, "fdatasync", flaky)
-        code = _encode(tiny_bert, sentences, out, *(["--resume"] if stop else []))
+        # the resumes name no --chunk-texts: they take the run's 128, not the default 4,096
+        code = _encode(tiny_bert, sentences, out, *(["--resume"] if stop else []), chunk=None if stop else CHUNK)
         err = capsys.readouterr().err
         if code == 0:
             break
@@ -109,9 +114,10 @@ def test_a_killed_process_resumes_to_the_same_file(tmp_path, tiny_bert, sentence
     --resume; the texts run in 2-text batches so that a run lasts seconds."""
     out = tmp_path / "v.npy"
     cmd = [sys.executable, "-m", "bertkit", "encode", "--model", str(tiny_bert), "--input", str(sentences),
-           "--output", str(out), "--batch-size", "2"]
+           "--output", str(out), "--batch-size", "2", "--chunk-texts", "64"]
     straight = tmp_path / "straight.npy"  # the same command, uninterrupted, in the same thread count
-    run = subprocess.run(cmd[:-4] + ["--output", str(straight), "--batch-size", "2"], env=ENV, capture_output=True,
+    run = subprocess.run(cmd[:-6] + ["--output", str(straight), "--batch-size", "2", "--chunk-texts", "64"], env=ENV,
+                         capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-1000:]
     stops = 0
@@ -149,6 +155,8 @@ def test_an_interrupted_run_is_never_overwritten_or_mixed(tmp_path, tiny_bert, s
     assert "holds an interrupted encode (0 of 700 texts encoded): --resume continues it" in capsys.readouterr().err
     assert _encode(tiny_bert, sentences, out, "--resume", "--pooling", "mean") == 2
     assert "was begun with --pooling cls, this run asks for --pooling mean" in capsys.readouterr().err
+    assert _encode(tiny_bert, sentences, out, "--resume", chunk=256) == 2
+    assert "was begun with --chunk-texts 128, this run asks for --chunk-texts 256" in capsys.readouterr().err
     changed = tmp_path / "other.txt"
     changed.write_text(sentences.read_text().replace("the", "a", 1))
     assert _encode(tiny_bert, changed, out, "--resume") == 2
@@ -200,7 +208,7 @@ def _scan_error(path):
 
 def test_the_library_writes_a_file_too(tmp_path, tiny_bert, sentences, reference):
     encoder = Encoder.from_folder(tiny_bert, device="cpu")
-    assert encode_file(encoder, sentences, tmp_path / "v.npy", batch_size=BATCH, progress=False) == 700
+    assert encode_file(encoder, sentences, tmp_path / "v.npy", batch_size=BATCH, progress=False, chunk=CHUNK) == 700
     np.testing.assert_array_equal(np.load(tmp_path / "v.npy"), reference)
 
 
@@ -212,7 +220,8 @@ def _torchrun(nproc, *args, nodes=None):
 def test_two_ranks_write_the_file_one_process_writes(tmp_path, tiny_bert, sentences, reference):
     out = tmp_path / "v.npy"
     run = subprocess.run(_torchrun(2, "--model", str(tiny_bert), "--input", str(sentences), "--output", str(out),
-                                   "--batch-size", str(BATCH)), env=ENV, capture_output=True, text=True, timeout=300)
+                                   "--batch-size", str(BATCH), "--chunk-texts", str(CHUNK)),
+                         env=ENV, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.count("wrote 700 vectors") == 1  # rank 0 alone reports
     np.testing.assert_allclose(np.load(out), reference, atol=1e-6)
@@ -221,7 +230,7 @@ def test_two_ranks_write_the_file_one_process_writes(tmp_path, tiny_bert, senten
 def test_two_launches_on_loopback_write_one_file(tmp_path, tiny_bert, sentences, reference):
     out = tmp_path / "v.npy"
     cmd = _torchrun(1, "--model", str(tiny_bert), "--input", str(sentences), "--output", str(out),
-                    "--batch-size", str(BATCH), nodes=2)
+                    "--batch-size", str(BATCH), "--chunk-texts", str(CHUNK), nodes=2)
     nodes = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
              for _ in range(2)]
     results = [n.communicate(timeout=300) for n in nodes]
@@ -233,7 +242,8 @@ def test_a_rank_that_dies_stops_the_job_and_a_resume_finishes_it(tmp_path, tiny_
     """Rank 1 is killed once it has recorded a chunk: the job stops, and --resume in one process
     ends with the file an uninterrupted run writes."""
     out = tmp_path / "v.npy"
-    args = ["--model", str(tiny_bert), "--input", str(sentences), "--output", str(out), "--batch-size", "2"]
+    args = ["--model", str(tiny_bert), "--input", str(sentences), "--output", str(out), "--batch-size", "2",
+            "--chunk-texts", "64"]
     proc = subprocess.Popen(_torchrun(2, *args), env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank1 = partial_folder(out) / "done-1"
     t = time.monotonic()
@@ -249,7 +259,8 @@ def test_a_rank_that_dies_stops_the_job_and_a_resume_finishes_it(tmp_path, tiny_
     run = subprocess.run([sys.executable, "-m", "bertkit", "encode", *args, "--resume"], env=ENV,
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
-    expected = Encoder.from_folder(tiny_bert, device="cpu").encode(read_text_inputs(sentences).texts, batch_size=2)
+    expected = Encoder.from_folder(tiny_bert, device="cpu").encode(read_text_inputs(sentences).texts, batch_size=2,
+                                                                   chunk=64)
     np.testing.assert_allclose(np.load(out), expected, atol=1e-6)
 
 
@@ -260,7 +271,7 @@ def test_a_second_process_on_the_same_output_is_refused_and_the_first_ends_as_if
     src.write_text("\n".join(texts) + "\n")
     out = tmp_path / "v.npy"
     cmd = [sys.executable, "-m", "bertkit", "encode", "--model", str(tiny_bert), "--input", str(src),
-           "--output", str(out), "--batch-size", "2"]
+           "--output", str(out), "--batch-size", "2", "--chunk-texts", "64"]
     first = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t = time.monotonic()
     while time.monotonic() - t < 60 and not (partial_folder(out) / "run.json").is_file():
@@ -273,7 +284,7 @@ def test_a_second_process_on_the_same_output_is_refused_and_the_first_ends_as_if
     assert first.poll() is None  # still writing: the refusals came while it ran
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-500:]
-    expected = Encoder.from_folder(tiny_bert, device="cpu").encode(texts, batch_size=2)
+    expected = Encoder.from_folder(tiny_bert, device="cpu").encode(texts, batch_size=2, chunk=64)
     np.testing.assert_allclose(np.load(out), expected, atol=1e-6)  # one thread there, two here
 
 
@@ -288,7 +299,7 @@ def test_each_chunk_is_tokenized_once_and_a_tokenless_text_or_pair_is_named_by_l
                         lambda self, texts, *a, **k: calls.append(len(texts)) or real(self, texts, *a, **k))
     monkeypatch.setattr(WordPieceTokenizer, "tokenless", lambda self, texts: pytest.fail("a second pass"))
     assert _encode(tiny_bert, sentences, tmp_path / "v.npy") == 0
-    scan = scan_text_inputs(sentences, BATCH * CHUNK_BATCHES)
+    scan = scan_text_inputs(sentences, CHUNK)
     assert calls == [scan.chunk_size(c) for c in range(scan.chunks)]  # once per chunk, every text once
     lines = read_text_inputs(sentences).texts
     rows = tmp_path / "pairs.jsonl"

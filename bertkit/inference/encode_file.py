@@ -2,8 +2,8 @@
 processes.
 
 The input is scanned once, in constant memory, with every check a small file gets
-(inputs.scan_text_inputs). Then it is encoded chunk by chunk (CHUNK_BATCHES batches of texts,
-length-sorted within the chunk, as Encoder.encode does), and each chunk's rows go straight to
+(inputs.scan_text_inputs). Then it is encoded chunk by chunk (CHUNK_TEXTS texts, or
+--chunk-texts; length-sorted within the chunk, as Encoder.encode does), and each chunk's rows go straight to
 their place in OUTPUT.partial/vectors.npy. They are written with pwrite, not through a memory
 map: on a full disk a write to a mapped page kills the process with SIGBUS, where pwrite returns
 ENOSPC; the file's space is reserved up front, so a full disk shows before any work.
@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..errors import BertkitError, Interrupted
+from ..errors import BertkitError, Interrupted, check_int
 from ..inputs import InputScan, read_chunk, scan_text_inputs
-from .encode import CHUNK_BATCHES, POOLINGS
+from .encode import CHUNK_TEXTS, POOLINGS
 
 if TYPE_CHECKING:
     from ..training.distributed import Processes
@@ -136,11 +136,17 @@ def _write_error(path: Path, e: OSError, kept: bool) -> BertkitError:
 
 
 def prepare(input: str | Path, output: Path, options: EncodeOptions, hidden: int, resume: bool,
-            overwrite: bool) -> Plan:
-    """Rank 0: scan the input and make OUTPUT.partial, or check the one to resume."""
-    chunk_rows = options.batch_size * CHUNK_BATCHES
+            overwrite: bool, chunk: int | None = None) -> Plan:
+    """Rank 0: scan the input and make OUTPUT.partial, or check the one to resume. chunk: texts
+    per chunk (None: CHUNK_TEXTS, or on --resume the size the run began with)."""
     folder = partial_folder(output)
     record = folder / "run.json"
+    chunk_rows = chunk or CHUNK_TEXTS
+    if chunk is None and resume and record.is_file():  # a run of an earlier default size resumes as it began
+        try:
+            chunk_rows = int(json.loads(record.read_text())["chunk_rows"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # _check_same_run says what is wrong with the record
     if folder.exists() and not resume and not overwrite:
         try:
             before = json.loads(record.read_text())
@@ -209,7 +215,10 @@ def _check_same_run(folder: Path, before: dict, now: dict) -> None:
         if old.get(key) != value:
             raise BertkitError(f"--resume: {folder} was begun with {_option(key, old.get(key))}, this run asks for "
                                f"{_option(key, value)}: {start_over}")
-    if before.get("hidden") != now["hidden"] or before.get("chunk_rows") != now["chunk_rows"]:
+    if before.get("chunk_rows") != now["chunk_rows"]:
+        raise BertkitError(f"--resume: {folder} was begun with --chunk-texts {before.get('chunk_rows')}, this run "
+                           f"asks for --chunk-texts {now['chunk_rows']}: {start_over}")
+    if before.get("hidden") != now["hidden"]:
         raise BertkitError(f"--resume: {folder} was begun with another model shape: {start_over}")
 
 
@@ -320,10 +329,11 @@ def encode_file(encoder: Encoder, input: str | Path, output: str | Path, pooling
                 batch_size: int = 32, max_len: int | None = None, truncation: bool = True,
                 normalize: bool | None = None, dtype: str = "float32", resume: bool = False,
                 overwrite: bool = False, progress: bool = True, model: str = "", backend: str = "torch",
-                procs: Processes | None = None) -> int:
+                procs: Processes | None = None, chunk: int | None = None) -> int:
     """Vectors of every text of a .txt or .jsonl file, row i for line i, into the .npy `output`.
     procs (training.distributed.init_processes under torchrun): the ranks share the chunks and
     rank 0 writes OUTPUT. model, backend: recorded, so that a resumed run must name the same.
+    chunk: texts sorted by length together (None: CHUNK_TEXTS, or a resumed run's own size).
     Returns the number of rows."""
     from ..outputs import check_output_file
     output = check_output_file(output, overwrite)
@@ -331,11 +341,13 @@ def encode_file(encoder: Encoder, input: str | Path, output: str | Path, pooling
                             encoder.default_normalize if normalize is None else normalize,
                             max_len, truncation, batch_size, dtype, backend, encoder.precision)
     check_options(options)
+    if chunk is not None:
+        check_int(chunk, "chunk")
     rank, world = (procs.rank, procs.world) if procs else (0, 1)
     plan = None
     if rank == 0:
         try:
-            plan = prepare(input, output, options, encoder.hidden_size, resume, overwrite)
+            plan = prepare(input, output, options, encoder.hidden_size, resume, overwrite, chunk)
         except BertkitError as e:
             if procs:
                 procs.broadcast(str(e))
