@@ -261,7 +261,8 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki
             "gen2": "a generator of 2 layers (`--generator-layers 2`)",
             "m80": "BERT's 80/10/10 for the generator (`--mask-token-share 0.8`)",
             "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)",
-            "lr2": "the tiny preset's peak lr 2e-3 (before the fast recipe's lr followed the width)"}
+            "lr2": "the tiny preset's peak lr 2e-3 (before the fast recipe's lr followed the width)",
+            "amx": "on an Intel Xeon with AMX (bf16 steps, pretraining and fine-tuning)"}
 CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
 # the variants that only set --vocab-size (the record gives the size the vocabulary reached)
 VOCABS = ("v16k", "v32k")
@@ -281,7 +282,7 @@ def _describe(model: str, results: dict) -> str:
     corpus = next((DESCRIBE[v] for v in extra if v in CORPORA), "wiki")
     notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA + VOCABS)
     vocab = f", {pre['vocab_size']:,}-piece vocabulary" if pre.get("vocab_size") else ""
-    what = (f"random weights (`--steps 1`){vocab}" if minutes == "0m"
+    what = (f"random weights (`--steps 1`){vocab}{notes}" if minutes == "0m"
             else f"{minutes[:-1]} min on {corpus}{notes}{vocab}")
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
     if minutes != "0m" and "--steps" in pre.get("command", ""):  # run by steps on a shared CPU

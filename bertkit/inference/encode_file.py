@@ -3,10 +3,10 @@ processes.
 
 The input is scanned once, in constant memory, with every check a small file gets
 (inputs.scan_text_inputs). Then it is encoded chunk by chunk (CHUNK_TEXTS texts, or
---chunk-texts; length-sorted within the chunk, as Encoder.encode does), and each chunk's rows go straight to
-their place in OUTPUT.partial/vectors.npy. They are written with pwrite, not through a memory
-map: on a full disk a write to a mapped page kills the process with SIGBUS, where pwrite returns
-ENOSPC; the file's space is reserved up front, so a full disk shows before any work.
+--chunk-texts; length-sorted within the chunk, as Encoder.encode does), and each chunk's rows go
+straight to their place in OUTPUT.partial/vectors.npy. They are written with pwrite, not through
+a memory map: on a full disk a write to a mapped page kills the process with SIGBUS, where pwrite
+returns ENOSPC; the file's space is reserved up front, so a full disk shows before any work.
 
 Once a chunk's rows are on disk (fdatasync) its number is appended to OUTPUT.partial/done-RANK.
 An interrupted run, even by SIGKILL, loses at most the chunks in flight, and --resume encodes
@@ -144,7 +144,8 @@ def prepare(input: str | Path, output: Path, options: EncodeOptions, hidden: int
     chunk_rows = chunk or CHUNK_TEXTS
     if chunk is None and resume and record.is_file():  # a run of an earlier default size resumes as it began
         try:
-            chunk_rows = int(json.loads(record.read_text())["chunk_rows"])
+            recorded = int(json.loads(record.read_text())["chunk_rows"])
+            chunk_rows = recorded if recorded >= 1 else chunk_rows
         except (OSError, ValueError, KeyError, TypeError):
             pass  # _check_same_run says what is wrong with the record
     if folder.exists() and not resume and not overwrite:
