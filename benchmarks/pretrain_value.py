@@ -265,7 +265,8 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki
             "amx": "on an Intel Xeon with AMX (bf16 steps, pretraining and fine-tuning)"}
 CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
 # the variants that only set --vocab-size (the record gives the size the vocabulary reached)
-VOCABS = ("v16k", "v32k")
+VOCAB_ASKED = {"v16k": "16,384", "v32k": "32,768"}  # what each one asked for (--vocab-size)
+VOCABS = tuple(VOCAB_ASKED)
 DEFAULT_VOCAB = "v32k"  # --vocab-size 32768, the default since 2026-12-05 (the runs without a variant: 8,192)
 
 
@@ -518,9 +519,10 @@ def _plot_folds(ax, results: dict, models: list[str]) -> None:
         parts = model.split("-")
         if model == "minilm" or (accs := cv_scores(results, model)) is None:
             continue
-        # the vocabulary asked for (the runs without a variant: 8,192), as the main panels' curves
-        vocab = {"": "8,192", "v16k": "16,384", "v32k": "32,768"}.get("-".join(parts[2:]), "-".join(parts[2:]))
-        curves.setdefault(f"bertkit {parts[0]}, --vocab-size {vocab}", []).append(
+        # the vocabulary asked for (the runs without a vocabulary variant: 8,192), then the other variants
+        vocab = next((VOCAB_ASKED[v] for v in parts[2:] if v in VOCAB_ASKED), "8,192")
+        others = "".join(f", {v}" for v in parts[2:] if v not in VOCAB_ASKED)
+        curves.setdefault(f"bertkit {parts[0]}, --vocab-size {vocab}{others}", []).append(
             (int(parts[1][:-1]), cv_pooled(accs)))
     for color, (name, points) in zip(("C1", "C3", "C4", "C5"), sorted(curves.items())):
         x, y = zip(*sorted(points))
