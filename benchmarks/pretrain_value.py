@@ -80,9 +80,14 @@ def minilm() -> str:
     return str(get_model_path())
 
 
+def is_minilm(name: str) -> bool:
+    """'minilm', or 'minilm-amx': the real checkpoint, fine-tuned on another CPU (its own rows)."""
+    return name.split("-")[0] == "minilm"
+
+
 def model_folder(name: str) -> str:
     """'tiny-10m' -> its pretraining run's folder; 'minilm' -> the real checkpoint; else a path."""
-    if name == "minilm":
+    if is_minilm(name):
         return minilm()
     if (RUNS / name).is_dir():
         return str(RUNS / name)
@@ -254,8 +259,11 @@ def _setting_order(setting: str):
 
 
 # what a model name says (runs/pretrain-value/NAME: PRESET-MINUTESm[-VARIANT...]), for the tables
-DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki + rotten-tomatoes train texts",
+DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)",
+            "minilm-amx": "MiniLM (all-MiniLM-L6-v2, fully pretrained), fine-tuned on an Intel Xeon with AMX (bf16)",
+            "rt": "wiki + rotten-tomatoes train texts",
             "mix": "wiki + python-docs + linux-docs + rotten-tomatoes and tweets train texts",
+            "wn": "wiki + WordNet's glosses (`--corpus wiki+wordnet`)",
             "tapt3m": "then 3 min on rotten-tomatoes train texts", "electra": "ELECTRA (`--objective electra`)",
             "mask15": "15% masking (`--mask-prob 0.15`)", "w1": "`--rtd-weight 1`",
             "gen2": "a generator of 2 layers (`--generator-layers 2`)",
@@ -263,7 +271,7 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)", "rt": "wiki
             "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)",
             "lr2": "the tiny preset's peak lr 2e-3 (before the fast recipe's lr followed the width)",
             "amx": "on an Intel Xeon with AMX (bf16 steps, pretraining and fine-tuning)"}
-CORPORA = ("rt", "mix")  # the variants that name the text; the others say how it was trained
+CORPORA = ("rt", "mix", "wn")  # the variants that name the text; the others say how it was trained
 # the variants that only set --vocab-size (the record gives the size the vocabulary reached)
 VOCAB_ASKED = {"v16k": "16,384", "v32k": "32,768"}  # what each one asked for (--vocab-size)
 VOCABS = tuple(VOCAB_ASKED)
@@ -272,7 +280,13 @@ DEFAULT_VOCAB = "v32k"  # --vocab-size 32768, the default since 2026-12-05 (the 
 
 def _main_curve(model: str) -> bool:
     """The default run's curve, then and now: no variant, or the default's vocabulary (or MiniLM)."""
-    return model == "minilm" or model.split("-")[2:] in ([], [DEFAULT_VOCAB])
+    return model == "minilm" or (not is_minilm(model) and model.split("-")[2:] in ([], [DEFAULT_VOCAB]))
+
+
+def _default_recipe(model: str) -> bool:
+    """The main curve's recipe on any CPU (the defaults check covers these): the main curve, or
+    the same run on the Xeon ("amx")."""
+    return _main_curve(model.removesuffix("-amx"))
 
 
 def _describe(model: str, results: dict) -> str:
@@ -300,7 +314,7 @@ def tables(results: dict) -> dict[str, str]:
     from bertkit.config import PRESETS
     order = list(PRESETS)
     models = sorted({k.split("|")[1] for k in results if k.startswith("finetune|")},
-                    key=lambda m: (m == "minilm", order.index(m.split("-")[0]) if m.split("-")[0] in order else 99,
+                    key=lambda m: (is_minilm(m), order.index(m.split("-")[0]) if m.split("-")[0] in order else 99,
                                    int(m.split("-")[1][:-1]) if "-" in m else 0, m))
     cpus = sorted({e["cpu"] for e in results.values()})
     value, summary, grid = [], [], []
@@ -337,7 +351,7 @@ def tables(results: dict) -> dict[str, str]:
                               key=_setting_order)
             if settings == ["defaults"] or not settings:
                 continue
-            if _main_curve(model) and (row := _defaults_check(results, model, dataset)) is not None:
+            if _default_recipe(model) and (row := _defaults_check(results, model, dataset)) is not None:
                 check.append(f"| {_describe(model, results)} | {dataset} ({task}, test {metric}) | {row}")
             grid += [f"**{dataset}, {_describe(model, results)}**, test {metric}:", "",
                      "| setting | seeds | dev, mean | test, mean | test min-max |", "|---|---|---|---|---|"]
@@ -469,7 +483,7 @@ def plot(results: dict, models: list[str]) -> None:
     for ax, dataset in zip(axes, DATASETS):
         # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
         series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
-                         if m != "minilm" and m.split("-")[1].endswith("m")})
+                         if not is_minilm(m) and m.split("-")[1].endswith("m")})
         variant_colors = itertools.cycle([f"C{k}" for k in range(2, 10)] + ["black", "olive", "teal"])  # C0, C1: presets
         for preset, variant in series:
             points = []
@@ -477,7 +491,7 @@ def plot(results: dict, models: list[str]) -> None:
             own_start = bool(collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test"))
             for model in models:
                 parts = model.split("-")
-                if model == "minilm" or parts[0] != preset or not parts[1].endswith("m"):
+                if is_minilm(model) or parts[0] != preset or not parts[1].endswith("m"):
                     continue
                 if "-".join(parts[2:]) != variant and not (parts[1] == "0m" and len(parts) == 2 and not own_start):
                     continue
@@ -517,7 +531,7 @@ def _plot_folds(ax, results: dict, models: list[str]) -> None:
     curves: dict[str, list] = {}
     for model in models:
         parts = model.split("-")
-        if model == "minilm" or (accs := cv_scores(results, model)) is None:
+        if is_minilm(model) or (accs := cv_scores(results, model)) is None:
             continue
         # the vocabulary asked for (the runs without a vocabulary variant: 8,192), then the other variants
         vocab = next((VOCAB_ASKED[v] for v in parts[2:] if v in VOCAB_ASKED), "8,192")

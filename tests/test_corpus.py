@@ -396,3 +396,42 @@ def test_a_named_pipe_is_read_once_as_it_comes_and_the_wait_is_said(tmp_path, ca
     assert list(iter_documents(fifo)) == [["First one.", "First two."], ["Second one."]]
     thread.join()
     assert "corpus.txt is a named pipe (FIFO): reading it once a writer opens it" in capfd.readouterr().err
+
+
+def test_wordnet_is_one_document_per_synset_its_words_and_definition_then_its_examples(tmp_path):
+    """`--corpus wordnet`: WordNet 3.0's glosses (Debian's wordnet-base, which `make test` installs)."""
+    import itertools
+
+    from bertkit.pretraining.corpus import TrainOnly
+    docs = iter_documents("wordnet")
+    first = list(itertools.islice(docs, 3))
+    assert first[0] == ["able: (usually followed by `to') having the necessary means or skill or know-how or "
+                        "authority to do something.", "able to swim", "she was able to program her computer",
+                        "we were at last able to buy a car", "able to get a grant for the project"]
+    assert first[2] == ["abaxial, dorsal: facing away from the axis of an organ or organism.",
+                        "the abaxial surface of a leaf is the underside or side facing away from the stem"]
+    rest = list(docs)
+    assert len(first) + len(rest) == 117_659  # every synset of the four parts of speech
+    # a multi-word lemma reads as words; an adjective's position marker ("(a)") is dropped
+    assert any(d[0].startswith("ice cream, icecream: ") for d in rest)
+    assert any(d[0].startswith("outback, remote: inaccessible") for d in rest)
+    assert not any("_" in d[0].split(":")[0] or "(a)" in d[0].split(":")[0] for d in rest)
+    assert all(s.strip() and '"' not in s for d in rest for s in d)  # examples unquoted, none empty
+    # added to a text file: trained on, never held out
+    a = write(tmp_path / "a.txt", "One here. Two here.\n\nThree here. Four here.")
+    joined = iter_documents(f"{a}+wordnet")
+    assert [type(d) for d in itertools.islice(joined, 3)] == [list, list, TrainOnly]
+
+
+def test_wordnet_not_installed_is_named_before_the_run_writes_its_out(tmp_path, monkeypatch, capsys):
+    from bertkit.cli import main
+    from bertkit.pretraining.train import PretrainConfig
+    monkeypatch.setenv("WNSEARCHDIR", str(tmp_path / "none"))
+    for source in ("wordnet", "wiki+wordnet"):
+        out = tmp_path / source
+        assert main(["pretrain", "--corpus", source, "--steps", "1", "--out", str(out)]) == 2
+        assert "apt-get install -y wordnet-base" in capsys.readouterr().err
+        assert not out.exists()
+    monkeypatch.delenv("WNSEARCHDIR")
+    with pytest.raises(BertkitError, match="--sentence-per-line is for text files"):
+        PretrainConfig(corpus="wiki+wordnet", out=str(tmp_path / "o"), sentence_per_line=True)

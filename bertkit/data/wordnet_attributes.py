@@ -33,7 +33,7 @@ WORDNET_UNSEEN = 0.10  # share of pairs whose attribute is held out of training 
 WORDNET_SEEN = 0.10    # share of pairs held out by adjective only
 
 
-def _wordnet_synset(line: str) -> tuple[list[str], list[tuple[str, str, str]]]:
+def wordnet_synset(line: str) -> tuple[list[str], list[tuple[str, str, str]]]:
     """(lemmas, pointers (symbol, offset, pos)) of one line of a data.* file (man 5 wndb)."""
     f = line.split(" | ", 1)[0].split()
     n_words = int(f[3], 16)
@@ -51,7 +51,7 @@ def wordnet_attribute_pairs() -> tuple[list[dict], dict[str, int]]:
     adjectives = {}
     for line in read_text(adj_path).split("\n"):
         if line and not line.startswith(" "):  # the licence header lines start with two spaces
-            adjectives[line[:8]] = _wordnet_synset(line)
+            adjectives[line[:8]] = wordnet_synset(line)
     stats = Counter()
     direct: dict[tuple[str, str], None] = {}  # dicts as ordered sets: the output order is the file's
     similar: dict[tuple[str, str], None] = {}
@@ -61,7 +61,7 @@ def wordnet_attribute_pairs() -> tuple[list[dict], dict[str, int]]:
                 if symbol != "=":
                     continue
                 nouns.seek(int(target))  # a synset's offset is its byte offset in data.noun
-                noun_words, _ = _wordnet_synset(nouns.readline().decode("utf-8"))
+                noun_words, _ = wordnet_synset(nouns.readline().decode("utf-8"))
                 stats["attribute_pointers"] += 1
                 stats["wordnet_pairs"] += len(words)  # every lemma, multi-word ones too
                 # the first lemma that is one lowercase word: clock_time, time -> time

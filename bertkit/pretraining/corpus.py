@@ -3,7 +3,8 @@
 Next sentence prediction needs both: sentences to pair, document boundaries to draw
 random "not next" sentences from elsewhere. Sources are a .txt file, a folder of them
 (documents separated by blank lines), `wiki` (the Wikipedia sample shipped with gensim),
-`python-docs` or `linux-docs` (Debian's reST documentation sources), a task's data file (.jsonl,
+`python-docs` or `linux-docs` (Debian's reST documentation sources), `wordnet` (WordNet's
+glosses, from Debian's wordnet-base), a task's data file (.jsonl,
 .csv, .tsv: the texts of its rows, for task-adaptive pretraining), or several joined by "+".
 """
 from __future__ import annotations
@@ -139,10 +140,13 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
     lines; with per_file, files with text), counted from its lines alone and stopping at the
     second; None for the built-in corpora. Splitting a 5 MB one-line corpus into sentences took
     26 s before the run said it needs two."""
-    if str(source) == "wiki" or str(source) in DOC_SOURCES or _is_joined(source):
+    if str(source) in BUILT_IN or _is_joined(source):
         for part in str(source).split("+"):
             if part in DOC_SOURCES:  # a package not installed is named before the run writes its --out
                 _doc_files(part)
+            elif part == "wordnet":
+                from ..data.wordnet_attributes import wordnet_file
+                wordnet_file()
         return None
     found = 0
     files = _corpus_files(Path(source))
@@ -207,8 +211,36 @@ def _rest_sentences(text: str) -> list[str]:
     return split_sentences("\n".join(rest_paragraphs(text)))
 
 
+_QUOTED = re.compile(r'"([^"]+)"')
+
+
+def wordnet_documents() -> Iterator[Document]:
+    """WordNet 3.0's synsets, one document each: its words and definition as one sentence
+    ("ice cream, icecream: frozen dessert containing cream and sugar and flavoring."), then each
+    usage example ("the awful war"). Everyday English with its synonyms side by side: 117,659
+    synsets, 1.75 M words."""
+    from ..data.wordnet_attributes import wordnet_file, wordnet_synset
+    folder = wordnet_file().parent
+    for pos in ("adj", "adv", "noun", "verb"):
+        path = folder / f"data.{pos}"
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(" ") or " | " not in line:  # the licence header
+                    continue
+                words, _ = wordnet_synset(line)
+                gloss = line.split(" | ", 1)[1].strip()
+                cut = gloss.find('"')
+                definition = (gloss if cut < 0 else gloss[:cut]).strip().rstrip(";").strip()
+                examples = _QUOTED.findall(gloss[cut:]) if cut >= 0 else []
+                head = ", ".join(dict.fromkeys(w.replace("_", " ") for w in words))
+                yield [f"{head}: {definition}.", *(e.strip() for e in examples if e.strip())]
+
+
+BUILT_IN = ("wiki", *DOC_SOURCES, "wordnet")  # the corpora named, not read from a path
+
+
 def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
-    """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", a text file, or a
+    """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", "wordnet", a text file, or a
     folder of *.txt files; or several joined by "+" ("wiki+python-docs"), where the documents of
     all but the first are TrainOnly. Documents are separated by blank lines, or with per_file each
     file is one document (its blank lines then only end paragraphs), as for a folder of articles
@@ -219,6 +251,8 @@ def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = 
         return wiki_documents()
     if str(source) in DOC_SOURCES:
         return rest_documents(_doc_files(str(source)))
+    if str(source) == "wordnet":
+        return wordnet_documents()
     if _is_joined(source):
         first, *added = (iter_documents(part, per_file, per_line) for part in str(source).split("+"))
         return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))
@@ -236,7 +270,7 @@ def check_corpus_name(source: str | Path) -> None:
     parts = str(source).split("+") if _is_joined(source) else [str(source)]
     if not str(source).strip():
         raise BertkitError("--corpus is empty; give a .txt file, a folder of them, a task file, wiki, "
-                           "python-docs or linux-docs")
+                           "python-docs, linux-docs or wordnet")
     if any(not part.strip() for part in parts):
         raise BertkitError(f"--corpus {str(source)!r}: a source joined by '+' is empty; write A+B with both named")
 
@@ -245,7 +279,7 @@ def check_sentence_per_line(source: str | Path) -> None:
     """--sentence-per-line reads the user's text files: refused, not ignored, for a corpus that is
     built in only (those are always split by bertkit)."""
     parts = str(source).split("+") if _is_joined(source) else [str(source)]
-    if all(p == "wiki" or p in DOC_SOURCES for p in parts):
+    if all(p in BUILT_IN for p in parts):
         raise BertkitError(f"--sentence-per-line is for text files; corpus {str(source)!r} is built in and "
                            "split into sentences by bertkit")
 
