@@ -297,7 +297,8 @@ def _describe(model: str, results: dict) -> str:
     corpus = next((DESCRIBE[v] for v in extra if v in CORPORA), "wiki")
     notes = "".join(f", {DESCRIBE.get(v, v)}" for v in extra if v not in CORPORA + VOCABS)
     vocab = f", {pre['vocab_size']:,}-piece vocabulary" if pre.get("vocab_size") else ""
-    what = (f"random weights (`--steps 1`){vocab}{notes}" if minutes == "0m"
+    of = f" trained on {corpus}" if corpus != "wiki" and vocab else ""  # a random start's vocabulary says its text
+    what = (f"random weights (`--steps 1`){vocab}{of}{notes}" if minutes == "0m"
             else f"{minutes[:-1]} min on {corpus}{notes}{vocab}")
     steps = f", {pre['steps']:,} steps" if pre.get("steps") and minutes != "0m" else ""
     if minutes != "0m" and "--steps" in pre.get("command", ""):  # run by steps on a shared CPU
