@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..errors import BertkitError
-from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, open_binary, read_bytes
+from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, open_binary, read_bytes, read_text
 from ..text import MAX_CHUNK_CHARS, _chunks, split_sentences  # noqa: F401 - re-exported
 from .split_workers import map_texts
 
@@ -222,18 +222,16 @@ def wordnet_documents() -> Iterator[Document]:
     from ..data.wordnet_attributes import wordnet_file, wordnet_synset
     folder = wordnet_file().parent
     for pos in ("adj", "adv", "noun", "verb"):
-        path = folder / f"data.{pos}"
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                if line.startswith(" ") or " | " not in line:  # the licence header
-                    continue
-                words, _ = wordnet_synset(line)
-                gloss = line.split(" | ", 1)[1].strip()
-                cut = gloss.find('"')
-                definition = (gloss if cut < 0 else gloss[:cut]).strip().rstrip(";").strip()
-                examples = _QUOTED.findall(gloss[cut:]) if cut >= 0 else []
-                head = ", ".join(dict.fromkeys(w.replace("_", " ") for w in words))
-                yield [f"{head}: {definition}.", *(e.strip() for e in examples if e.strip())]
+        for line in read_text(folder / f"data.{pos}").split("\n"):  # a bad byte is named with its line
+            if line.startswith(" ") or " | " not in line:  # the licence header
+                continue
+            words, _ = wordnet_synset(line)
+            gloss = line.split(" | ", 1)[1].strip()
+            cut = gloss.find('"')
+            definition = (gloss if cut < 0 else gloss[:cut]).strip().rstrip(";").strip()
+            examples = _QUOTED.findall(gloss[cut:]) if cut >= 0 else []
+            head = ", ".join(dict.fromkeys(w.replace("_", " ") for w in words))
+            yield [f"{head}: {definition}.", *(e.strip() for e in examples if e.strip())]
 
 
 BUILT_IN = ("wiki", *DOC_SOURCES, "wordnet")  # the corpora named, not read from a path
