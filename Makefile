@@ -22,6 +22,11 @@ WORDNET := /usr/share/wordnet/data.adj
 $(WORDNET):
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends wordnet-base
 
+# GCIDE (Debian's dict-gcide): the gcide corpus, a dictionary of English as training text
+GCIDE := /usr/share/dictd/gcide.dict.dz
+$(GCIDE):
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends dict-gcide
+
 # Debian's headless Chromium and its driver for the page test (no downloaded browser builds)
 CHROMEDRIVER := /usr/bin/chromedriver
 $(CHROMEDRIVER):
@@ -85,12 +90,12 @@ bench-pretrain-value: $(VENV)/.test
 bench-gpu: $(VENV)/.test
 	benchmarks/gpu.sh
 
-test: $(VENV)/.test $(WORDNET) $(CHROMEDRIVER)
+test: $(VENV)/.test $(WORDNET) $(GCIDE) $(CHROMEDRIVER)
 	$(VENV)/bin/lint-imports --no-cache  # the layering (pyproject.toml): no import from a higher layer, no cycles
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 
 # slow checks too (long runs that benchmarks also cover)
-test-all: $(VENV)/.test $(WORDNET) $(CHROMEDRIVER)
+test-all: $(VENV)/.test $(WORDNET) $(GCIDE) $(CHROMEDRIVER)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m ""
 
 clean:

@@ -264,6 +264,7 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)",
             "rt": "wiki + rotten-tomatoes train texts",
             "mix": "wiki + python-docs + linux-docs + rotten-tomatoes and tweets train texts",
             "wn": "wiki + WordNet's glosses (`--corpus wiki+wordnet`)",
+            "wng": "wiki + WordNet's glosses + GCIDE's entries (`--corpus wiki+wordnet+gcide`)",
             "tapt3m": "then 3 min on rotten-tomatoes train texts", "electra": "ELECTRA (`--objective electra`)",
             "mask15": "15% masking (`--mask-prob 0.15`)", "w1": "`--rtd-weight 1`",
             "gen2": "a generator of 2 layers (`--generator-layers 2`)",
@@ -271,7 +272,7 @@ DESCRIBE = {"minilm": "MiniLM (all-MiniLM-L6-v2, fully pretrained)",
             "cont": "the last 10 continuing the 10-minute MLM + NSP run (`--model tiny-10m`)",
             "lr2": "the tiny preset's peak lr 2e-3 (before the fast recipe's lr followed the width)",
             "amx": "on an Intel Xeon with AMX (bf16 steps, pretraining and fine-tuning)"}
-CORPORA = ("rt", "mix", "wn")  # the variants that name the text; the others say how it was trained
+CORPORA = ("rt", "mix", "wn", "wng")  # the variants that name the text; the others say how it was trained
 # the variants that only set --vocab-size (the record gives the size the vocabulary reached)
 VOCAB_ASKED = {"v16k": "16,384", "v32k": "32,768"}  # what each one asked for (--vocab-size)
 VOCABS = tuple(VOCAB_ASKED)

@@ -423,6 +423,60 @@ def test_wordnet_is_one_document_per_synset_its_words_and_definition_then_its_ex
     assert [type(d) for d in itertools.islice(joined, 3)] == [list, list, TrainOnly]
 
 
+def test_gcide_is_one_document_per_entry_without_pronunciations_etymologies_or_authors(tmp_path):
+    """`--corpus gcide`: the Collaborative International Dictionary of English (Debian's dict-gcide,
+    which `make test` installs), read through its dictd index."""
+    import itertools
+
+    from bertkit.pretraining.corpus import TrainOnly
+    docs = list(iter_documents("gcide"))
+    assert len(docs) == 126_236  # the index's entries once each, the database's own notes left out
+    # the first entry starts at its headword: the preface's closing quotation before it is dropped
+    assert docs[0] == ["0 adj. 1. indicating the absence of any or all units under consideration; -- representing "
+                       "the number zero as an Arabic numeral.", "Syn: zero"]
+    abdomen = next(d for d in docs if d[0].startswith("Abdomen,"))
+    assert abdomen[:2] == ["Abdomen, n. 1. (Anat.) The belly, or that part of the body between the thorax and the "
+                           "pelvis.", "Also, the cavity of the belly, which is lined by the peritoneum, and contains "
+                           "the stomach, bowels, and other viscera."]
+    # a quotation stays, its author (wrapped onto a second line in the right-hand column) does not
+    dizzy = next(d for d in docs if any(s.startswith("If the jangling of thy bells") for s in d))
+    assert "If the jangling of thy bells had not dizzied thy understanding." in dizzy
+    assert not any(s in ("Scott.", "W. Scott.") or "--Sir" in s for s in dizzy)
+    sentences = [s for d in docs for s in d]
+    # pronunciations, etymologies, cross-references: gone but for a few brackets the source leaves unclosed
+    assert sum(any(c in s for c in "\\[]{}") for s in sentences) < len(sentences) / 2000
+    assert 4.0e6 < sum(len(s.split()) for s in sentences) < 4.1e6
+    a = write(tmp_path / "a.txt", "One here. Two here.\n\nThree here. Four here.")
+    joined = iter_documents(f"{a}+gcide")
+    assert [type(d) for d in itertools.islice(joined, 3)] == [list, list, TrainOnly]
+
+
+def test_gcide_not_installed_is_named_before_the_run_writes_its_out(tmp_path, monkeypatch, capsys):
+    from bertkit.cli import main
+    from bertkit.pretraining import corpus
+    monkeypatch.setattr(corpus, "GCIDE", tmp_path / "none" / "gcide.dict.dz")
+    for source in ("gcide", "wiki+gcide"):
+        out = tmp_path / source
+        assert main(["pretrain", "--corpus", source, "--steps", "1", "--out", str(out)]) == 2
+        assert "apt-get install dict-gcide" in capsys.readouterr().err
+        assert not out.exists()
+    with pytest.raises(BertkitError, match="GCIDE is not installed"):
+        iter_documents("gcide")
+
+
+def test_gcide_index_that_is_not_dictd_is_named_with_its_line(tmp_path, monkeypatch):
+    import gzip
+
+    from bertkit.pretraining import corpus
+    (tmp_path / "gcide.dict.dz").write_bytes(gzip.compress(b"Word \\Word\\, n.\n   A word.\n"))
+    (tmp_path / "gcide.index").write_text("Word\tA\tU\nWord two\t0\n")
+    monkeypatch.setattr(corpus, "GCIDE", tmp_path / "gcide.dict.dz")
+    with pytest.raises(BertkitError, match=r"gcide.index:2: not a dictd index line"):
+        list(iter_documents("gcide"))
+    (tmp_path / "gcide.index").write_text("Word\tA\tb\n")  # offset 0, length 27
+    assert list(iter_documents("gcide")) == [["Word, n.", "A word."]]
+
+
 def test_wordnet_not_installed_is_named_before_the_run_writes_its_out(tmp_path, monkeypatch, capsys):
     from bertkit.cli import main
     from bertkit.pretraining.train import PretrainConfig

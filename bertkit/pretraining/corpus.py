@@ -4,7 +4,8 @@ Next sentence prediction needs both: sentences to pair, document boundaries to d
 random "not next" sentences from elsewhere. Sources are a .txt file, a folder of them
 (documents separated by blank lines), `wiki` (the Wikipedia sample shipped with gensim),
 `python-docs` or `linux-docs` (Debian's reST documentation sources), `wordnet` (WordNet's
-glosses, from Debian's wordnet-base), a task's data file (.jsonl,
+glosses, from Debian's wordnet-base), `gcide` (the Collaborative International Dictionary of
+English, from Debian's dict-gcide), a task's data file (.jsonl,
 .csv, .tsv: the texts of its rows, for task-adaptive pretraining), or several joined by "+".
 """
 from __future__ import annotations
@@ -147,6 +148,8 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
             elif part == "wordnet":
                 from ..data.wordnet_attributes import wordnet_file
                 wordnet_file()
+            elif part == "gcide":
+                _gcide_files()
         return None
     found = 0
     files = _corpus_files(Path(source))
@@ -234,11 +237,76 @@ def wordnet_documents() -> Iterator[Document]:
             yield [f"{head}: {definition}.", *(e.strip() for e in examples if e.strip())]
 
 
-BUILT_IN = ("wiki", *DOC_SOURCES, "wordnet")  # the corpora named, not read from a path
+# Debian's dict-gcide: the dictionary (dictzip, which gzip reads) and its index (headword, offset, length)
+GCIDE = Path("/usr/share/dictd/gcide.dict.dz")
+_DICTD_DIGITS = {c: i for i, c in enumerate("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/")}
+_PRONUNCIATION = re.compile(r" *\\[^\\]{0,200}\\")  # \Ab*do"men\ (a long headword's wraps)
+_BRACKETED = re.compile(r"\[[^\[\]]*\]")       # etymology, [1913 Webster], [Obs.]
+_CITATION = re.compile(r"\s*--\s?[A-Z].*")     # "--Shak." to the end of the line
+_SENTENCE_END = re.compile(r"(?<=[a-z)][.!?])\s+(?=[A-Z\"])")
+_SPACES = re.compile(r"\s+")
+
+
+def _gcide_files() -> tuple[Path, Path]:
+    index = GCIDE.with_name("gcide.index")
+    if not (GCIDE.is_file() and index.is_file()):
+        raise BertkitError(f"{GCIDE}: GCIDE is not installed; install it with `apt-get install dict-gcide`")
+    return GCIDE, index
+
+
+def _dictd_number(digits: str) -> int:
+    n = 0
+    for c in digits:
+        n = n * 64 + _DICTD_DIGITS[c]
+    return n
+
+
+def _gcide_sentences(entry: str) -> list[str]:
+    """One entry's text: its headword line and senses, without pronunciations, etymologies,
+    source tags and the authors of its quotations; its paragraphs split at sentence ends."""
+    lines = entry.split("\n")
+    heads = [i for i, line in enumerate(lines) if line[:1].strip()]
+    kept, citing = [], False
+    for line in lines[heads[0] if heads else 0:]:  # from the headword (the first entry holds the preface's end)
+        if citing and len(line) - len(line.lstrip()) >= 30:  # an author's name wrapped in the right-hand column
+            continue
+        cut = _CITATION.search(line, 1)
+        citing = cut is not None
+        kept.append(line[:cut.start()] if cut else line)
+    text = _BRACKETED.sub("", _BRACKETED.sub("", "\n".join(kept)))  # twice: [a [b] c]
+    text = _PRONUNCIATION.sub("", text).replace("{", "").replace("}", "")  # {Cess}: a cross-reference
+    return [s for paragraph in re.split(r"\n\s*\n", text)
+            for s in _SENTENCE_END.split(_SPACES.sub(" ", paragraph).strip()) if len(s) > 1]
+
+
+def gcide_documents() -> Iterator[Document]:
+    """The Collaborative International Dictionary of English (Webster's of 1913 with later
+    additions), one document per entry: "Abdomen, n. 1. (Anat.) The belly, ...", then its other
+    senses and quotations. 126,236 entries, 4.1 M words: definitions in plain English of a
+    wider vocabulary than WordNet's, in older prose."""
+    dictionary, index = _gcide_files()
+    data = gzip.decompress(read_bytes(dictionary))
+    rows = []
+    for lineno, line in enumerate(read_text(index).split("\n"), 1):
+        fields = line.split("\t")
+        if not line:
+            continue
+        if len(fields) != 3 or not set(fields[1] + fields[2]) <= _DICTD_DIGITS.keys():
+            raise BertkitError(f"{index}:{lineno}: not a dictd index line (headword, offset, length)")
+        rows.append((fields[0], _dictd_number(fields[1]), _dictd_number(fields[2])))
+    start = max((o + n for head, o, n in rows if head.startswith("00-")), default=0)  # the database's own notes
+    for offset, length in sorted({(o, n) for _, o, n in rows if o >= start}):  # headwords that share an entry once
+        # three stray Windows-1252 bytes in Debian's file ("market\x92s") read as U+FFFD, not as an error
+        sentences = _gcide_sentences(data[offset:offset + length].decode("utf-8", errors="replace"))
+        if sentences:
+            yield sentences
+
+
+BUILT_IN = ("wiki", *DOC_SOURCES, "wordnet", "gcide")  # the corpora named, not read from a path
 
 
 def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
-    """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", "wordnet", a text file, or a
+    """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", "wordnet", "gcide", a text file, or a
     folder of *.txt files; or several joined by "+" ("wiki+python-docs"), where the documents of
     all but the first are TrainOnly. Documents are separated by blank lines, or with per_file each
     file is one document (its blank lines then only end paragraphs), as for a folder of articles
@@ -251,6 +319,9 @@ def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = 
         return rest_documents(_doc_files(str(source)))
     if str(source) == "wordnet":
         return wordnet_documents()
+    if str(source) == "gcide":
+        _gcide_files()
+        return gcide_documents()
     if _is_joined(source):
         first, *added = (iter_documents(part, per_file, per_line) for part in str(source).split("+"))
         return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))
@@ -268,7 +339,7 @@ def check_corpus_name(source: str | Path) -> None:
     parts = str(source).split("+") if _is_joined(source) else [str(source)]
     if not str(source).strip():
         raise BertkitError("--corpus is empty; give a .txt file, a folder of them, a task file, wiki, "
-                           "python-docs, linux-docs or wordnet")
+                           "python-docs, linux-docs, wordnet or gcide")
     if any(not part.strip() for part in parts):
         raise BertkitError(f"--corpus {str(source)!r}: a source joined by '+' is empty; write A+B with both named")
 
