@@ -358,10 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
     pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
     pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, wiki (default), python-docs or linux-docs "
-                                     "(Debian's documentation packages), wordnet (WordNet's glosses), gcide (a dictionary "
-                                     "of English), or a task's "
-                                     ".jsonl/.csv/.tsv file (the texts of its rows: task-adaptive pretraining); A+B "
-                                     "adds B as training-only text")
+                                     "(Debian's documentation packages), wordnet (WordNet's glosses), gcide (a "
+                                     "dictionary of English), or a task's .jsonl/.csv/.tsv file (the texts of its "
+                                     "rows: task-adaptive pretraining); A+B adds B as training-only text")
     pt.add_argument("--doc-per-file", action="store_true",
                     help="each .txt file is one document (default: blank lines separate documents)")
     pt.add_argument("--sentence-per-line", action="store_true", help=SENTENCE_PER_LINE_HELP)

@@ -464,7 +464,7 @@ def test_gcide_not_installed_is_named_before_the_run_writes_its_out(tmp_path, mo
         iter_documents("gcide")
 
 
-def test_gcide_index_that_is_not_dictd_is_named_with_its_line(tmp_path, monkeypatch):
+def test_gcide_files_that_are_not_dictd_are_named(tmp_path, monkeypatch):
     import gzip
 
     from bertkit.pretraining import corpus
@@ -475,6 +475,9 @@ def test_gcide_index_that_is_not_dictd_is_named_with_its_line(tmp_path, monkeypa
         list(iter_documents("gcide"))
     (tmp_path / "gcide.index").write_text("Word\tA\tb\n")  # offset 0, length 27
     assert list(iter_documents("gcide")) == [["Word, n.", "A word."]]
+    (tmp_path / "gcide.dict.dz").write_bytes(b"Word, n. A word.\n")  # not compressed
+    with pytest.raises(BertkitError, match=r"gcide.dict.dz: not a dictzip \(gzip\) file"):
+        list(iter_documents("gcide"))
 
 
 def test_wordnet_not_installed_is_named_before_the_run_writes_its_out(tmp_path, monkeypatch, capsys):

@@ -282,15 +282,18 @@ def _gcide_sentences(entry: str) -> list[str]:
 def gcide_documents() -> Iterator[Document]:
     """The Collaborative International Dictionary of English (Webster's of 1913 with later
     additions), one document per entry: "Abdomen, n. 1. (Anat.) The belly, ...", then its other
-    senses and quotations. 126,236 entries, 4.1 M words: definitions in plain English of a
+    senses and quotations. 126,236 entries, 4.0 M words: definitions in plain English of a
     wider vocabulary than WordNet's, in older prose."""
     dictionary, index = _gcide_files()
-    data = gzip.decompress(read_bytes(dictionary))
+    try:
+        data = gzip.decompress(read_bytes(dictionary))
+    except (OSError, EOFError) as e:
+        raise BertkitError(f"{dictionary}: not a dictzip (gzip) file ({e})") from None
     rows = []
     for lineno, line in enumerate(read_text(index).split("\n"), 1):
-        fields = line.split("\t")
         if not line:
             continue
+        fields = line.split("\t")
         if len(fields) != 3 or not set(fields[1] + fields[2]) <= _DICTD_DIGITS.keys():
             raise BertkitError(f"{index}:{lineno}: not a dictd index line (headword, offset, length)")
         rows.append((fields[0], _dictd_number(fields[1]), _dictd_number(fields[2])))
