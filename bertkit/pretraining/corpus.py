@@ -18,7 +18,7 @@ import itertools
 import json
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from ..errors import BertkitError
@@ -143,13 +143,8 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
     26 s before the run said it needs two."""
     if str(source) in BUILT_IN or _is_joined(source):
         for part in str(source).split("+"):
-            if part in DOC_SOURCES:  # a package not installed is named before the run writes its --out
-                _doc_files(part)
-            elif part == "wordnet":
-                from ..data.wordnet_attributes import wordnet_file
-                wordnet_file()
-            elif part == "gcide":
-                _gcide_files()
+            if part in BUILT_IN:  # a package not installed is named before the run writes its --out
+                _built_in_reader(part)
         return None
     found = 0
     files = _corpus_files(Path(source))
@@ -308,6 +303,23 @@ def gcide_documents() -> Iterator[Document]:
 BUILT_IN = ("wiki", *DOC_SOURCES, "wordnet", "gcide")  # the corpora named, not read from a path
 
 
+def _built_in_reader(name: str) -> Callable[[], Iterator[Document]]:
+    """The reader of a built-in corpus, once its files are found: a package that is not installed is
+    named here, before anything is read."""
+    if name == "wiki":
+        _wiki_path()
+        return wiki_documents
+    if name in DOC_SOURCES:
+        files = _doc_files(name)
+        return lambda: rest_documents(files)
+    if name == "wordnet":
+        from ..data.wordnet_attributes import wordnet_file
+        wordnet_file()
+        return wordnet_documents
+    _gcide_files()
+    return gcide_documents
+
+
 def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
     """Stream the documents of `source`: "wiki", "python-docs", "linux-docs", "wordnet", "gcide", a text file, or a
     folder of *.txt files; or several joined by "+" ("wiki+python-docs"), where the documents of
@@ -315,16 +327,8 @@ def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = 
     file is one document (its blank lines then only end paragraphs), as for a folder of articles
     or manual pages. Text files are split into sentences, or with per_line each line is one
     (the built-in corpora are always split here)."""
-    if str(source) == "wiki":
-        _wiki_path()
-        return wiki_documents()
-    if str(source) in DOC_SOURCES:
-        return rest_documents(_doc_files(str(source)))
-    if str(source) == "wordnet":
-        return wordnet_documents()
-    if str(source) == "gcide":
-        _gcide_files()
-        return gcide_documents()
+    if str(source) in BUILT_IN:
+        return _built_in_reader(str(source))()
     if _is_joined(source):
         first, *added = (iter_documents(part, per_file, per_line) for part in str(source).split("+"))
         return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))

@@ -82,8 +82,8 @@ class PretrainConfig(RunOptions):
     against 82 ms in fp32), then these. lr: the recipe's from scratch (and from a run that began
     there), else 5e-5; save_every: 100."""
     corpus: str = "wiki"             # a .txt file, a folder of .txt files, "wiki" (built-in sample), "python-docs",
-                                     # "linux-docs", "wordnet"; "A+B": B is training-only text, held-out
-                                     # documents come from A
+                                     # "linux-docs", "wordnet", "gcide"; "A+B": B is training-only text,
+                                     # held-out documents come from A
     doc_per_file: bool = False       # each file is one document (default: blank lines separate documents)
     sentence_per_line: bool = False  # each line of the text files is one sentence, not split again
     model: str = "tiny"              # a preset name, or a model folder to continue pretraining
