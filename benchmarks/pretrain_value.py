@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 
@@ -277,6 +278,12 @@ CORPORA = ("rt", "mix", "wn", "wng")  # the variants that name the text; the oth
 VOCAB_ASKED = {"v16k": "16,384", "v32k": "32,768"}  # what each one asked for (--vocab-size)
 VOCABS = tuple(VOCAB_ASKED)
 DEFAULT_VOCAB = "v32k"  # --vocab-size 32768, the default since 2026-12-05 (the runs without a variant: 8,192)
+# the plot's legend and the README's rows: what each variant changes, in a few words
+SHORT = {"rt": "wiki + RT texts", "mix": "wiki + docs + task texts", "wn": "wiki + WordNet",
+         "wng": "wiki + WordNet + GCIDE", "v16k": "16k vocab", "v32k": "32k vocab", "electra": "ELECTRA",
+         "tapt3m": "then 3 min on RT texts", "mask15": "15% masking", "w1": "rtd weight 1",
+         "gen2": "2-layer generator", "m80": "80/10/10 generator", "cont": "after 10 min of MLM",
+         "lr2": "peak lr 2e-3"}
 
 
 def _main_curve(model: str) -> bool:
@@ -288,6 +295,31 @@ def _default_recipe(model: str) -> bool:
     """The main curve's recipe on any CPU (the defaults check covers these): the main curve, or
     the same run on the Xeon ("amx")."""
     return _main_curve(model.removesuffix("-amx"))
+
+
+def _in_summary(model: str) -> bool:
+    """The README's rows: MiniLM (on each CPU), and the runs with the default vocabulary (32k) of the default recipe
+    or of a built-in corpus that paid (WordNet, GCIDE), on any CPU."""
+    if is_minilm(model):
+        return True
+    extra = model.split("-")[2:]
+    return DEFAULT_VOCAB in extra and set(extra) <= {DEFAULT_VOCAB, "amx", "wn", "wng"}
+
+
+def _short(model: str, results: dict) -> str:
+    """A summary row's name: "tiny, 60 min on wiki + WordNet, Xeon (bf16), 22,889 steps"."""
+    if is_minilm(model):
+        return DESCRIBE[model]
+    preset, minutes, *extra = model.split("-")
+    corpus = next((SHORT[v] for v in extra if v in CORPORA), "wiki")
+    cpu = "Xeon (bf16)" if "amx" in extra else "Zen 2 (fp32)"
+    pre = results.get(f"pretrain|{model}", {})
+    steps = pre.get("steps")
+    if minutes == "0m":
+        return f"{preset}, random weights, {corpus} vocabulary, {cpu}"
+    if "--steps" in pre.get("command", ""):  # run by steps on a shared CPU
+        return f"{preset}, {steps:,} steps on {corpus} (as many as {minutes[:-1]} quiet minutes reach), {cpu}"
+    return f"{preset}, {minutes[:-1]} min on {corpus}, {cpu}" + (f", {steps:,} steps" if steps else "")
 
 
 def _describe(model: str, results: dict) -> str:
@@ -333,17 +365,23 @@ def tables(results: dict) -> dict[str, str]:
                 "(min-max) over seeds:", "", "| model | seeds | dev | test |", "|---|---|---|---|"]
         if rows:
             value += [*head, *rows, ""]
-    # the README's summary: the default run's curve, both data sets side by side, test only
-    for model in filter(_main_curve, models):
+    # the README's summary: the current default recipe (32k vocabulary) on each CPU and the corpora that
+    # paid, both data sets side by side, test split and the folds
+    for model in filter(_in_summary, models):
         cells = [_test_cell(collect(results, model, dataset, "defaults", "test")) for dataset in DATASETS]
+        accs = cv_scores(results, model)
+        cells.insert(1, "-" if accs is None else f"{cv_pooled(accs):.3f}")
         if any(cell != "-" for cell in cells):
-            summary.append(f"| {_describe(model, results)} | {' | '.join(cells)} |")
+            summary.append(f"| {_short(model, results)} | {' | '.join(cells)} |")
     bases = [results.get(f"logreg|{dataset}", {}).get("test") for dataset in DATASETS]
-    summary.append("| word-count logistic regression (scikit-learn) | "
-                   + " | ".join("-" if b is None else f"{b:.3f}" for b in bases) + " |")
+    cells = ["-" if b is None else f"{b:.3f}" for b in bases]
+    cells.insert(1, "-" if (accs := cv_scores(results, "logreg")) is None else f"{cv_pooled(accs):.3f}")
+    summary.append("| word-count logistic regression (scikit-learn) | " + " | ".join(cells) + " |")
     summary = ["Fine-tuned with `bertkit finetune classify`'s defaults; test accuracy, median (min-max) of 3 "
-               "seeds where the cell names no other count:", "",
-               f"| model | {' | '.join(DATASETS)} |", "|---|" + "---|" * len(DATASETS), *summary, ""]
+               f"seeds where the cell names no other count; the folds: every review of rotten-tomatoes tested once "
+               f"({FOLDS} folds, seed 0):", "",
+               f"| model | {DATASETS[0]} test | {DATASETS[0]} folds | {' | '.join(f'{d} test' for d in DATASETS[1:])} |",
+               "|---|" + "---|" * (len(DATASETS) + 1), *summary, ""]
     check = []  # the defaults against the best learning rate of the grid, per model and data set
     for dataset, (task, metric, _) in TASK_OF.items():
         if dataset in CV_FOLDS:  # the folds have their own table
@@ -365,8 +403,8 @@ def tables(results: dict) -> dict[str, str]:
                             f"| {min(test):.3f}-{max(test):.3f} |")
             grid.append("")
     machine = f"Measured on: {'; '.join(cpus)}."
-    # the summary shows the main curve alone: the CPUs of its runs (and of the baselines)
-    shown = sorted({e["cpu"] for k, e in results.items() if k.startswith("logreg|") or _main_curve(k.split("|")[1])})
+    # the summary's CPUs: those of its rows' runs and of the baselines
+    shown = sorted({e["cpu"] for k, e in results.items() if k.startswith("logreg|") or _in_summary(k.split("|")[1])})
     summary_machine = f"Measured on: {'; '.join(shown)}."
     if check:
         grid = ["The defaults against the best learning rate of the grid (1e-5 to 3e-3), test means over "
@@ -374,7 +412,7 @@ def tables(results: dict) -> dict[str, str]:
                 "| model | data | default lr | defaults | best grid lr | best | gap | gap on dev | lrs in the grid (seeds) |",
                 "|---|---|---|---|---|---|---|---|---|", *check, "", *grid]
     cv = cv_table(results, models)
-    others = ("The variants (more text, task-adaptive, ELECTRA) and the 5-fold check are in "
+    others = ("Every run, the variants (more text, task-adaptive, ELECTRA, vocabularies) and dev are in "
               "[docs/benchmarks.md](docs/benchmarks.md#does-pretraining-pay-off).")
     return {"value": "\n".join(value + [machine]), "summary": "\n".join(summary + [summary_machine, "", others]),
             "grid": "\n".join(grid + [machine]), "cv": "\n".join(cv + [machine])}
@@ -478,75 +516,101 @@ def report(write: bool = False) -> None:
     plot(results, sorted({k.split("|")[1] for k in results if k.startswith("finetune|")}))
 
 
-def plot(results: dict, models: list[str]) -> None:
+def _series(model: str) -> tuple[str, str]:
+    """A run's curve in the plot: its preset and its variant ("tiny-60m-v32k-amx" -> ("tiny", "v32k-amx"))."""
+    parts = model.split("-")
+    return parts[0], "-".join(parts[2:])
 
+
+def _series_label(preset: str, variant: str) -> str:
+    """"tiny, wiki + WordNet, 32k vocab, Xeon (bf16)": the text, the vocabulary, what else differs, the CPU."""
+    parts = variant.split("-") if variant else []
+    corpus = next((SHORT[p] for p in parts if p in CORPORA), "wiki")
+    vocab = next((SHORT[p] for p in parts if p in VOCABS), "8k vocab")
+    others = [SHORT.get(p, p) for p in parts if p not in CORPORA + VOCABS + ("amx",)]
+    cpu = "Xeon (bf16)" if "amx" in parts else "Zen 2 (fp32)"  # every run without "amx" ran on the Zen 2
+    return ", ".join([preset, corpus, vocab, *others, cpu])
+
+
+def plot(results: dict, models: list[str]) -> None:
+    """One panel per data set (test accuracy against pretraining minutes, a curve per preset and
+    variant from its random start) and the folds; one legend for all, a color per curve."""
     folds = cv_scores(results, "logreg") is not None
-    fig, axes = figure(1, len(DATASETS) + folds, figsize=(6 * (len(DATASETS) + folds), 6.5))
-    for ax, dataset in zip(axes, DATASETS):
-        # one curve per preset and variant (tiny, tiny-mix, tiny-electra ...), each from the preset's random weights
-        series = sorted({(m.split("-")[0], "-".join(m.split("-")[2:])) for m in models
-                         if not is_minilm(m) and m.split("-")[1].endswith("m")})
-        variant_colors = itertools.cycle([f"C{k}" for k in range(2, 10)] + ["black", "olive", "teal"])  # C0, C1: presets
-        for preset, variant in series:
-            points = []
-            # the variant's own random weights (its vocabulary), where they were fine-tuned on this set
-            own_start = bool(collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test"))
-            for model in models:
-                parts = model.split("-")
-                if is_minilm(model) or parts[0] != preset or not parts[1].endswith("m"):
-                    continue
-                if "-".join(parts[2:]) != variant and not (parts[1] == "0m" and len(parts) == 2 and not own_start):
-                    continue
-                test = collect(results, model, dataset, "defaults", "test")
-                if test:
-                    points.append((int(parts[1][:-1]), statistics.median(test), min(test), max(test)))
-            points.sort()
-            if len(points) > 1:
-                x, med, lo, hi = zip(*points)
-                name = f"{preset}" + (f", {variant}" if variant else "")
-                ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
-                            marker="o", capsize=3, linestyle="--" if variant not in ("", DEFAULT_VOCAB) else "-",
-                            color=next(variant_colors) if variant else PRESET_COLORS.get(preset),
-                            label=f"bertkit {name}, fine-tuned with the defaults")
-        if (base := results.get(f"logreg|{dataset}")):
-            ax.axhline(base["test"], color="gray", linestyle="--", label="word-count logistic regression")
+    runs = [m for m in models if not is_minilm(m) and m.split("-")[1].endswith("m")]
+    series = sorted({_series(m) for m in runs if m.split("-")[1] != "0m"}, key=lambda s: (s[0] != "tiny", s))
+    palette = [f"C{k}" for k in range(10)] + ["black", "olive", "teal", "navy", "maroon", "gold", "lime", "orchid"]
+    colors = dict(zip(series, itertools.cycle(palette)))
+    n = len(DATASETS) + folds
+    fig, axes = figure(2, n, figsize=(6 * n, 8.5), gridspec_kw={"height_ratios": [3, 1.1]})
+    handles: dict[str, object] = {}
+    hidden: list[str] = []
+
+    def draw(ax, key, points, **style):
+        x, med, lo, hi = zip(*sorted(points))
+        preset, variant = key
+        default = variant in ("", DEFAULT_VOCAB, f"{DEFAULT_VOCAB}-amx")  # the default recipe, then and now
+        line = ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
+                           marker="o" if preset == "tiny" else "s", capsize=3, color=colors[key],
+                           linestyle="-" if default else "--", **style)
+        handles.setdefault(_series_label(preset, variant), line)
+
+    for ax, dataset in zip(axes[0], DATASETS):
+        base = results.get(f"logreg|{dataset}")
+        floor = base["test"] - 0.05 if base else 0.5
+        below = []
+        for key in series:
+            preset, variant = key
+            # from the variant's own random weights (its vocabulary) where they were fine-tuned, else the preset's
+            start = f"{preset}-0m-{variant}" if collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test") \
+                else f"{preset}-0m"
+            points = [(int(m.split("-")[1][:-1]), statistics.median(t), min(t), max(t))
+                      for m in runs if _series(m) == key or m == start
+                      if (t := collect(results, m, dataset, "defaults", "test"))]
+            if len(points) > 1 and (low := min(p[1] for p in points)) < floor:
+                below.append(f"{_series_label(*key)} ({low:.2f} at the lowest)")
+            elif len(points) > 1:
+                draw(ax, key, points)
+        if base:
+            handles.setdefault("word-count logistic regression", ax.axhline(base["test"], color="gray", linestyle="--"))
         if (mini := collect(results, "minilm", dataset, "defaults", "test")):
-            ax.axhline(statistics.median(mini), color="green", linestyle=":", label="MiniLM (fully pretrained)")
+            handles.setdefault("MiniLM (fully pretrained), fine-tuned with the defaults",
+                               ax.axhline(statistics.median(mini), color="green", linestyle=":"))
+        ax.set_ylim(floor, max(ax.get_ylim()[1], floor + 0.05))
+        if below:  # runs that fine-tune to near chance would flatten every other curve: named, not drawn
+            hidden.append(f"{dataset}, below the axis, not drawn: " + "; ".join(below))
         ax.set_title(f"{dataset}: test accuracy (median of seeds, min-max bars)", fontsize=10)
-        _axes_below(ax)
+        _axes_labels(ax)
     if folds:
-        _plot_folds(axes[-1], results, models)
+        ax = axes[0][-1]
+        for key in series:
+            points = [(int(m.split("-")[1][:-1]), *(cv_pooled(accs),) * 3) for m in runs
+                      if (_series(m) == key or m == f"{key[0]}-0m-{key[1]}")
+                      and (accs := cv_scores(results, m)) is not None]
+            if len(points) > 1:
+                draw(ax, key, points)
+        ax.axhline(cv_pooled(cv_scores(results, "logreg")), color="gray", linestyle="--")
+        ax.set_title(f"rotten-tomatoes, {FOLDS} folds: every review tested once (seed 0)", fontsize=10)
+        _axes_labels(ax)
+    gs = axes[1][0].get_gridspec()
+    for ax in axes[1]:
+        ax.remove()
+    legend = fig.add_subplot(gs[1, :])
+    legend.axis("off")
+    legend.legend(list(handles.values()), list(handles), loc="upper center", ncol=3, fontsize=8,
+                  title="bertkit pretrain runs (preset, text, vocabulary, CPU; solid: the default recipe), "
+                        "fine-tuned with the defaults", title_fontsize=8)
+    legend.text(0.5, 0.0, "\n".join(textwrap.fill(line, 220) for line in hidden), transform=legend.transAxes,
+                ha="center", va="bottom", fontsize=7)
     fig.suptitle("CPUs: " + "; ".join(sorted({e["cpu"] for e in results.values()})), fontsize=9)
     save_figure(fig, PLOT)
     print(f"\nwrote {PLOT}")
 
 
-def _axes_below(ax) -> None:
+def _axes_labels(ax) -> None:
     ax.set_xlabel("pretraining CPU minutes (2 cores)")
     ax.set_ylabel("accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1)
 
-
-def _plot_folds(ax, results: dict, models: list[str]) -> None:
-    """The `cv` part: each run's accuracy over all 12,752 reviews, by pretraining minutes and vocabulary."""
-    curves: dict[str, list] = {}
-    for model in models:
-        parts = model.split("-")
-        if is_minilm(model) or (accs := cv_scores(results, model)) is None:
-            continue
-        # the vocabulary asked for (the runs without a vocabulary variant: 8,192), then the other variants
-        vocab = next((VOCAB_ASKED[v] for v in parts[2:] if v in VOCAB_ASKED), "8,192")
-        others = "".join(f", {v}" for v in parts[2:] if v not in VOCAB_ASKED)
-        curves.setdefault(f"bertkit {parts[0]}, --vocab-size {vocab}{others}", []).append(
-            (int(parts[1][:-1]), cv_pooled(accs)))
-    for color, (name, points) in zip(("C1", "C3", "C4", "C5"), sorted(curves.items())):
-        x, y = zip(*sorted(points))
-        ax.plot(x, y, marker="o", color=color, label=f"{name}, fine-tuned with the defaults")
-    ax.axhline(cv_pooled(cv_scores(results, "logreg")), color="gray", linestyle="--",
-               label="word-count logistic regression")
-    ax.set_title(f"rotten-tomatoes, {FOLDS} folds: every review tested once (seed 0)", fontsize=10)
-    _axes_below(ax)
 
 
 def main():
