@@ -349,7 +349,7 @@ def tables(results: dict) -> dict[str, str]:
     order = list(PRESETS)
     models = sorted({k.split("|")[1] for k in results if k.startswith("finetune|")},
                     key=lambda m: (is_minilm(m), order.index(m.split("-")[0]) if m.split("-")[0] in order else 99,
-                                   int(m.split("-")[1][:-1]) if "-" in m else 0, m))
+                                   0 if is_minilm(m) else int(m.split("-")[1][:-1]), m))
     cpus = sorted({e["cpu"] for e in results.values()})
     value, summary, grid = [], [], []
     for dataset in DATASETS:
