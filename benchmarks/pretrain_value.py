@@ -73,7 +73,6 @@ CV_FOLDS = [f"{CV_DATA}-fold{k}" for k in range(FOLDS)]  # the folds' data set n
 TASK_OF = {"rotten-tomatoes": ("classify", "accuracy", "jsonl"), "tweets": ("classify", "accuracy", "jsonl"),
            "wnut16": ("ner", "f1", "conll")}
 TASK_OF.update({fold: TASK_OF[CV_DATA] for fold in CV_FOLDS})
-PRESET_COLORS = {"tiny": "C1", "mini": "C0", "small": "C2", "base": "C3"}  # the same in every panel
 
 
 def minilm() -> str:
@@ -298,8 +297,8 @@ def _default_recipe(model: str) -> bool:
 
 
 def _in_summary(model: str) -> bool:
-    """The README's rows: MiniLM (on each CPU), and the runs with the default vocabulary (32k) of the default recipe
-    or of a built-in corpus that paid (WordNet, GCIDE), on any CPU."""
+    """The README's rows: MiniLM (on each CPU), and the runs with the default vocabulary (32k) of the
+    default recipe or of a built-in corpus that paid (WordNet, GCIDE), on any CPU."""
     if is_minilm(model):
         return True
     extra = model.split("-")[2:]
@@ -380,7 +379,8 @@ def tables(results: dict) -> dict[str, str]:
     summary = ["Fine-tuned with `bertkit finetune classify`'s defaults; test accuracy, median (min-max) of 3 "
                f"seeds where the cell names no other count; the folds: every review of rotten-tomatoes tested once "
                f"({FOLDS} folds, seed 0):", "",
-               f"| model | {DATASETS[0]} test | {DATASETS[0]} folds | {' | '.join(f'{d} test' for d in DATASETS[1:])} |",
+               f"| model | {DATASETS[0]} test | {DATASETS[0]} folds | "
+               + " | ".join(f"{d} test" for d in DATASETS[1:]) + " |",
                "|---|" + "---|" * (len(DATASETS) + 1), *summary, ""]
     check = []  # the defaults against the best learning rate of the grid, per model and data set
     for dataset, (task, metric, _) in TASK_OF.items():
@@ -553,13 +553,13 @@ def plot(results: dict, models: list[str]) -> None:
     handles: dict[str, object] = {}
     hidden: list[str] = []
 
-    def draw(ax, key, points, **style):
+    def draw(ax, key, points):
         x, med, lo, hi = zip(*sorted(points))
         preset, variant = key
         default = variant in ("", DEFAULT_VOCAB, f"{DEFAULT_VOCAB}-amx")  # the default recipe, then and now
         line = ax.errorbar(x, med, yerr=[[m - a for m, a in zip(med, lo)], [b - m for m, b in zip(med, hi)]],
                            marker="o" if preset == "tiny" else "s", capsize=3, color=colors[key],
-                           linestyle="-" if default else "--", **style)
+                           linestyle="-" if default else "--")
         handles.setdefault(_series_label(preset, variant), line)
 
     for ax, dataset in zip(axes[0], DATASETS):
@@ -569,8 +569,8 @@ def plot(results: dict, models: list[str]) -> None:
         for key in series:
             preset, variant = key
             # from the variant's own random weights (its vocabulary) where they were fine-tuned, else the preset's
-            start = f"{preset}-0m-{variant}" if collect(results, f"{preset}-0m-{variant}", dataset, "defaults", "test") \
-                else f"{preset}-0m"
+            own = f"{preset}-0m-{variant}"
+            start = own if collect(results, own, dataset, "defaults", "test") else f"{preset}-0m"
             points = [(int(m.split("-")[1][:-1]), statistics.median(t), min(t), max(t))
                       for m in runs if _series(m) == key or m == start
                       if (t := collect(results, m, dataset, "defaults", "test"))]
