@@ -396,7 +396,7 @@ def tables(results: dict) -> dict[str, str]:
                      "| setting | seeds | dev, mean | test, mean | test min-max |", "|---|---|---|---|---|"]
             for setting in settings:
                 dev, test = (collect(results, model, dataset, setting, s) for s in ("dev", "test"))
-                lr = results[f"finetune|{model}|{dataset}|{setting}|{next(iter(sorted(_seeds(results, model, dataset, setting))))}"]["lr"]
+                lr = results[f"finetune|{model}|{dataset}|{setting}|{min(_seeds(results, model, dataset, setting))}"]["lr"]
                 name = f"defaults (lr {lr:g})" if setting == "defaults" else setting
                 grid.append(f"| {name} | {len(dev)} | {statistics.mean(dev):.3f} | {statistics.mean(test):.3f} "
                             f"| {min(test):.3f}-{max(test):.3f} |")
