@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import BertkitError
 from ..model import BertModel, BertOutput, gather_rows
+from . import onnx_graph
 from .onnx_runtime import (HEAD_ONNX, INPUTS, MANIFEST, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session,
                            source_files)
 
@@ -50,13 +51,17 @@ def _export(module: nn.Module, args: tuple, path, input_names, output_names, dyn
     program.save(str(path), external_data=False)
 
 
-def export_onnx(bert: BertModel, path: str | Path) -> None:
-    """Write the encoder to `path` as ONNX, batch and length dynamic (length up to the model's positions)."""
+def export_onnx(bert: BertModel, path: str | Path, fuse: bool = True) -> None:
+    """Write the encoder to `path` as ONNX, batch and length dynamic (length up to the model's
+    positions), each layer's attention one MultiHeadAttention node (fuse=False: as the exporter
+    writes it, the plain graph the fused one is tested against)."""
     # an example of batch 2 and length 8: the exporter would fix a dimension of size 1 as a constant
     ids = torch.full((2, 8), 5, dtype=torch.long)
     dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("length", max=bert.config.max_position_embeddings)}
     _export(_Graph(bert), (ids, torch.zeros_like(ids), torch.ones_like(ids)), path, INPUTS, OUTPUTS,
             (dims, dims, dims))
+    if fuse:
+        onnx_graph.fuse_attention(path, bert.config.num_attention_heads)
 
 
 # what each task's head reads: (B, H) sentence vectors, or (B, T, H) token or sentence vectors
@@ -73,25 +78,34 @@ def export_head(task_name: str, head: nn.Module, hidden: int, path: str | Path) 
     _export(head, (x,), path, ["x"], HEAD_OUTPUTS.get(task_name, ("logits",)), (shapes,))
 
 
-def quantize_int8(src: str | Path, dst: str | Path, per_channel: bool = True) -> None:
-    """Dynamic int8 quantisation of the matmul weights (ONNX Runtime's quantize_dynamic), a
-    scale per output channel: one scale per matrix (per_channel=False) flipped more predictions
-    of a fine-tuned classifier (benchmarks/onnx_int8.py)."""
-    import logging
+CALIBRATION_QUESTIONS, CALIBRATION_PARAGRAPHS, CALIBRATION_TOKENS = 192, 64, 128
 
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-    # its advice on the root logger ("WARNING:root:Please consider to run pre-processing before
-    # quantization. Refer to example: https://...") reached every `bertkit export --int8` user; the
-    # root logger's level and handlers (logging.warning adds one where there is none) are put back
-    root = logging.getLogger()
-    level, handlers = root.level, list(root.handlers)
-    root.setLevel(logging.ERROR)
-    try:
-        quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel)
-    finally:
-        root.setLevel(level)
-        for handler in [h for h in root.handlers if h not in handlers]:
-            root.removeHandler(handler)
+
+def calibration_batches(tokenizer, max_len: int, size: int = 64) -> list[dict]:
+    """Real text to find the activations' outlier channels on (quantize_int8): the first questions
+    and paragraphs of the SQuAD subset that ships inside bertkit (Wikipedia, CC BY-SA), the
+    paragraphs cut to 128 tokens; batches of the graph's inputs as int64 arrays."""
+    from ..data.squad_subset import squad_subset_file
+    from ..inputs import read_text
+    articles = json.loads(read_text(squad_subset_file()))["data"]
+    paragraphs = [p for a in articles for p in a["paragraphs"]]
+    texts = ([q["question"] for p in paragraphs for q in p["qas"]][:CALIBRATION_QUESTIONS]
+             + [p["context"] for p in paragraphs][:CALIBRATION_PARAGRAPHS])
+    # given where=, the tokenizer leaves the cut unreported: no warning for a paragraph cut short
+    encodings = tokenizer.encode_unpadded(texts, max_len=min(max_len, CALIBRATION_TOKENS), where=str)
+    batches = []
+    for i in range(0, len(encodings), size):
+        batch = tokenizer.pad(encodings[i:i + size], tensors="np")
+        batches.append({name: getattr(batch, name) for name in INPUTS})
+    return batches
+
+
+def quantize_int8(src: str | Path, dst: str | Path, tokenizer=None, max_len: int = 512, per_channel: bool = True) -> None:
+    """model.int8.onnx from model.onnx: dynamic int8 matmuls with a weight scale per output channel,
+    keeping the outlier channels found on calibration text where a tokenizer is given
+    (onnx_graph.quantize_int8)."""
+    calibration = None if tokenizer is None else calibration_batches(tokenizer, max_len)
+    onnx_graph.quantize_int8(src, dst, calibration, per_channel=per_channel)
 
 
 class OnnxBert(nn.Module):
@@ -194,7 +208,7 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
         ref, got = (ref, got) if isinstance(ref, tuple) else ((ref,), (got,))
         report["head_max_abs_diff"] = max(float((a - b).abs().max()) for a, b in zip(ref, got))
     if int8:
-        quantize_int8(out / ONNX, out / ONNX_INT8)
+        quantize_int8(out / ONNX, out / ONNX_INT8, tokenizer, bert.config.max_position_embeddings)
         report["int8"] = str(out / ONNX_INT8)
         report["int8_max_abs_diff"] = check_parity(bert, tokenizer, out / ONNX_INT8)
     (out / MANIFEST).write_text(json.dumps({"files": source_files(out)}, indent=2) + "\n")
@@ -219,10 +233,11 @@ def export_file(folder: str | Path, path: str | Path, int8: bool = False, overwr
     bert, _ = load_model(folder, heads=False, quiet=True)
     bert.eval()
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda tmp: export_onnx(bert, tmp))
+    # plain ONNX operators only, for any runtime: no com.microsoft MultiHeadAttention
+    atomic_write(path, lambda tmp: export_onnx(bert, tmp, fuse=False))
     report = {"onnx": str(path), "max_abs_diff": check_parity(bert, tokenizer, path)}
     if int8:
-        atomic_write(int8_path, lambda tmp: quantize_int8(path, tmp))
+        atomic_write(int8_path, lambda tmp: quantize_int8(path, tmp, tokenizer, bert.config.max_position_embeddings))
         report["int8"] = str(int8_path)
         report["int8_max_abs_diff"] = check_parity(bert, tokenizer, int8_path)
     return report
