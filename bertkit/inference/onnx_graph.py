@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -126,8 +127,10 @@ def keep_outliers(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
     inits = {i.name: i for i in graph.initializer}
     nodes = list(graph.node)
     producer = {o: n for n in nodes for o in n.output}
+    uses = Counter(x for n in nodes for x in n.input)
+    # weights rewritten in place: only those no other node reads (a tied matrix stays as it is)
     matmuls = [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits
-               and len(inits[n.input[1]].dims) == 2]
+               and len(inits[n.input[1]].dims) == 2 and uses[n.input[1]] == 1]
     absmax = _channel_absmax(model, matmuls, batches)
     array = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
 
@@ -141,7 +144,8 @@ def keep_outliers(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
             return None
         first = next((producer[x] for x in add.input if x in producer), None)
         bias = next((x for x in add.input if x in inits), None)
-        if first is None or bias is None or first.op_type != "MatMul" or first.input[1] not in inits:
+        if (first is None or bias is None or first.op_type != "MatMul" or first.input[1] not in inits
+                or uses[first.input[1]] > 1 or uses[bias] > 1 or uses[gelu.output[0]] > 1):
             return None
         return first, bias, gelu
 
