@@ -332,6 +332,9 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     onnx.save(model, str(tmp_path / "rewritten.onnx"))
     quantize_int8(fp32, tmp_path / "ours.onnx", tok)
     quantize_int8(fp32, tmp_path / "plain.onnx")
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "ours.onnx")).graph.node]
+    # each layer's four matmuls over every token in int8; the pooler (one row per text) in fp32
+    assert ops.count("MatMulInteger") == 4 * config.num_hidden_layers and ops.count("MatMul") == len(side) + 1
     reviews = [json.loads(line)["text"] for line in build().files["train.jsonl"].splitlines()[:256]]
 
     def vectors(path):

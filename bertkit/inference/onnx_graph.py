@@ -11,7 +11,8 @@
   - a feed-forward's outlier channels (after GELU) leave the int8 path: their columns of the first
     matmul and rows of the second run on a small fp32 side path;
   - every other matmul's input outlier channel c is divided by r_c before quantisation and its
-    weight row multiplied by r_c (the product is unchanged), so one scale fits all channels.
+    weight row multiplied by r_c (the product is unchanged), so one scale fits all channels;
+  - the pooler, one row per text, stays fp32.
 """
 from __future__ import annotations
 
@@ -219,7 +220,10 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: Iterable[dict[s
     with tempfile.TemporaryDirectory() as tmp:
         if calibration is not None:
             model = onnx.load(str(src))
-            side = keep_outliers(model, calibration)
+            # and the pooler (a Gemm on one row per text: nothing to gain) stays fp32, [CLS]'s outliers
+            # too; quantize_dynamic turns a Gemm into a MatMul named NAME_MatMul before it quantises
+            side = keep_outliers(model, calibration) + [n.name + "_MatMul" for n in model.graph.node
+                                                        if n.op_type == "Gemm" and n.name]
             src = Path(tmp) / "outliers.onnx"
             onnx.save(model, str(src))
         # its advice on the root logger ("WARNING:root:Please consider to run pre-processing before
