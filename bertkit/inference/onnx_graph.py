@@ -186,6 +186,8 @@ def keep_outliers(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
         else:  # x[:, c] / r_c and W[c] * r_c: the largest channel brought down to the others' range
             m = absmax[n.name]
             ceiling = np.delete(m, channels).max()
+            if ceiling <= 0:  # every other channel silent on the calibration text: no range to fit
+                continue
             scale = np.ones(len(m), np.float32)
             w = array(n.input[1]).copy()
             for c in channels:
@@ -216,14 +218,14 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: Iterable[dict[s
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    side = []
+    fp32_nodes = []
     with tempfile.TemporaryDirectory() as tmp:
         if calibration is not None:
             model = onnx.load(str(src))
             # and the pooler (a Gemm on one row per text: nothing to gain) stays fp32, [CLS]'s outliers
             # too; quantize_dynamic turns a Gemm into a MatMul named NAME_MatMul before it quantises
-            side = keep_outliers(model, calibration) + [n.name + "_MatMul" for n in model.graph.node
-                                                        if n.op_type == "Gemm" and n.name]
+            fp32_nodes = keep_outliers(model, calibration) + [n.name + "_MatMul" for n in model.graph.node
+                                                              if n.op_type == "Gemm" and n.name]
             src = Path(tmp) / "outliers.onnx"
             onnx.save(model, str(src))
         # its advice on the root logger ("WARNING:root:Please consider to run pre-processing before
@@ -235,7 +237,7 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: Iterable[dict[s
         try:
             # shape inference stops at com.microsoft nodes (MultiHeadAttention): their outputs are float
             quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
-                             nodes_to_exclude=side, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+                             nodes_to_exclude=fp32_nodes, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         finally:
             root.setLevel(level)
             for handler in [h for h in root.handlers if h not in handlers]:
