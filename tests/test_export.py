@@ -287,7 +287,7 @@ def test_export_over_an_earlier_one_leaves_none_of_its_model_files(tmp_path, tin
 
 
 def test_export_runs_each_attention_as_one_node(tiny_bert, tmp_path):
-    """export_onnx fuses each layer's attention into one MultiHeadAttention node (no softmax of
+    """export_onnx fuses each layer's attention into one Attention node (no softmax of
     its own left), and the fused graph gives the plain graph's outputs on a padded batch."""
     import onnx
 
@@ -300,8 +300,8 @@ def test_export_runs_each_attention_as_one_node(tiny_bert, tmp_path):
     export_onnx(bert, tmp_path / "fused.onnx")
     export_onnx(bert, tmp_path / "plain.onnx", fuse=False)
     ops = [n.op_type for n in onnx.load(str(tmp_path / "fused.onnx")).graph.node]
-    assert ops.count("MultiHeadAttention") == bert.config.num_hidden_layers and "Softmax" not in ops
-    assert "MultiHeadAttention" not in [n.op_type for n in onnx.load(str(tmp_path / "plain.onnx")).graph.node]
+    assert ops.count("Attention") == bert.config.num_hidden_layers and "Softmax" not in ops
+    assert "Attention" not in [n.op_type for n in onnx.load(str(tmp_path / "plain.onnx")).graph.node]
     batch = load_tokenizer(tiny_bert).encode(SENTENCES[:5])  # five lengths: padding in every row but one
     inputs = [getattr(batch, k).numpy() for k in ("input_ids", "token_type_ids", "attention_mask")]
     fused, plain = (OnnxEncoder(tmp_path / f"{name}.onnx", bert.config).run(*inputs) for name in ("fused", "plain"))
@@ -313,18 +313,19 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     """A few of MiniLM's activation channels run 5-15x the rest and set each matmul's one int8
     activation scale. keep_outliers' rewrite computes the same vectors in fp32; quantised, each
     real review's mean-pooled vector stays at a cosine of 0.99 or more to fp32, above what plain
-    dynamic quantisation keeps."""
+    dynamic quantisation keeps. The graph is the folder export's (each attention one node)."""
     import onnx
 
-    from bertkit.checkpoint import load_config, load_tokenizer
+    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.rotten_tomatoes import build
-    from bertkit.inference.export import calibration_batches, export_file, quantize_int8
+    from bertkit.inference.export import calibration_batches, export_onnx, quantize_int8
     from bertkit.inference.onnx_graph import keep_outliers
     from bertkit.inference.onnx_runtime import OnnxEncoder
 
     fp32 = tmp_path / "minilm.onnx"
-    export_file(minilm_folder, fp32)
-    tok, config = load_tokenizer(minilm_folder), load_config(minilm_folder)
+    bert, _ = load_model(minilm_folder, heads=False, quiet=True)
+    export_onnx(bert.eval(), fp32)
+    tok, config = load_tokenizer(minilm_folder), bert.config
     calibration = calibration_batches(tok, 512)
     model = onnx.load(str(fp32))
     side = keep_outliers(model, calibration)
@@ -334,8 +335,10 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     quantize_int8(fp32, tmp_path / "plain.onnx")
     ops, plain_ops = ([n.op_type for n in onnx.load(str(tmp_path / f"{name}.onnx")).graph.node]
                       for name in ("ours", "plain"))
-    # each layer's four weight matmuls in int8; the side path's and the pooler (one row per text) in fp32
-    assert ops.count("MatMulInteger") == 4 * config.num_hidden_layers == plain_ops.count("MatMulInteger") - 1
+    # each layer's attention (QKV projection inside) and three weight matmuls in int8; the side
+    # path's matmuls and the pooler (one row per text) in fp32
+    assert ops.count("QAttention") == config.num_hidden_layers == plain_ops.count("QAttention")
+    assert ops.count("MatMulInteger") == 3 * config.num_hidden_layers == plain_ops.count("MatMulInteger") - 1
     assert ops.count("MatMul") == plain_ops.count("MatMul") + len(side) + 1
     reviews = [json.loads(line)["text"] for line in build().files["train.jsonl"].splitlines()[:256]]
 

@@ -53,7 +53,7 @@ def _export(module: nn.Module, args: tuple, path, input_names, output_names, dyn
 
 def export_onnx(bert: BertModel, path: str | Path, fuse: bool = True) -> None:
     """Write the encoder to `path` as ONNX, batch and length dynamic (length up to the model's
-    positions), each layer's attention one MultiHeadAttention node (fuse=False: as the exporter
+    positions), each layer's attention one Attention node (fuse=False: as the exporter
     writes it, the plain graph the fused one is tested against)."""
     # an example of batch 2 and length 8: the exporter would fix a dimension of size 1 as a constant
     ids = torch.full((2, 8), 5, dtype=torch.long)
@@ -233,7 +233,7 @@ def export_file(folder: str | Path, path: str | Path, int8: bool = False, overwr
     bert, _ = load_model(folder, heads=False, quiet=True)
     bert.eval()
     path.parent.mkdir(parents=True, exist_ok=True)
-    # plain ONNX operators only, for any runtime: no com.microsoft MultiHeadAttention
+    # plain ONNX operators only, for any runtime: no com.microsoft Attention
     atomic_write(path, lambda tmp: export_onnx(bert, tmp, fuse=False))
     report = {"onnx": str(path), "max_abs_diff": check_parity(bert, tokenizer, path)}
     if int8:

@@ -1,8 +1,8 @@
 """Rewrites of the exported encoder graph for ONNX Runtime on CPU.
 
-- `fuse_attention`: each layer's attention, as the exporter spells it out (reshapes, transposes,
-  two matmuls, the mask, softmax, a NaN guard), becomes one MultiHeadAttention node: the same
-  vectors, fewer passes over the (B, heads, T, T) scores.
+- `fuse_attention`: each layer's attention, as the exporter spells it out (the QKV projection,
+  reshapes, transposes, two matmuls, the mask, softmax, a NaN guard), becomes one Attention node:
+  the same vectors, fewer passes over the (B, heads, T, T) scores and the heads' copies.
 - `quantize_int8`: dynamic int8 matmuls (ONNX Runtime's quantize_dynamic) that keep BERT's
   outlier channels. Dynamic quantisation gives a whole batch one activation scale per matmul, and
   a few channels of BERT's activations run 5-15x larger than the rest (MiniLM's channel 99 reaches
@@ -35,9 +35,11 @@ def _consumers(nodes, name: str) -> list:
 
 
 def fuse_attention(path: str | Path, num_heads: int) -> int:
-    """Rewrite the ONNX file at `path` in place: each self-attention between the split of the fused
-    QKV projection and the output projection becomes com.microsoft.MultiHeadAttention, masked by
-    the 2-D attention_mask. Returns the number of layers fused (0 leaves the file as it was)."""
+    """Rewrite the ONNX file at `path` in place: each self-attention, from the fused QKV projection
+    (x @ W + b, split in three) to the heads merged back before the output projection, becomes one
+    com.microsoft.Attention node (the projection inside; quantize_dynamic makes it QAttention),
+    masked by the 2-D attention_mask. Returns the number of layers fused (0 leaves the file as it
+    was)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -45,8 +47,17 @@ def fuse_attention(path: str | Path, num_heads: int) -> int:
     graph = model.graph
     weights = {i.name for i in graph.initializer}
     nodes = list(graph.node)
-    fused = []  # (Split node, the output projection's MatMul)
+    producer = {o: n for n in nodes for o in n.output}
+    uses = Counter(x for n in nodes for x in n.input)
+    fused = []  # (the projection's MatMul, its bias, the output projection's MatMul)
     for split in (n for n in nodes if n.op_type == "Split" and len(n.output) == 3):
+        add = producer.get(split.input[0])
+        project = add is not None and add.op_type == "Add" and next(
+            (producer[x] for x in add.input if x in producer), None)
+        bias = add is not None and next((x for x in add.input if x in weights), None)
+        if (not project or not bias or project.op_type != "MatMul" or project.input[1] not in weights
+                or uses[project.output[0]] > 1 or uses[add.output[0]] > 1):
+            continue
         # the attention is every node the split's outputs reach before a weight matmul: that matmul
         # is the output projection, its input the heads merged back to (B, T, H)
         region, frontier, out_proj = {}, list(split.output), None
@@ -58,16 +69,18 @@ def fuse_attention(path: str | Path, num_heads: int) -> int:
                     region[id(n)] = n
                     frontier.extend(n.output)
         if out_proj and [n.op_type for n in region.values()].count("Softmax") == 1:
-            fused.append((split, out_proj))
+            fused.append((project, bias, out_proj))
     if not fused:
         return 0
-    new = [helper.make_node("Cast", ["attention_mask"], ["mha_key_padding_mask"], to=TensorProto.INT32)]
-    by_proj = {id(p): s for s, p in fused}
+    new = [helper.make_node("Cast", ["attention_mask"], ["attention_mask_int32"], to=TensorProto.INT32)]
+    by_proj = {id(o): (p, b) for p, b, o in fused}
     for n in nodes:
         if id(n) in by_proj:
-            merged = n.input[0] + "_mha"
-            new.append(helper.make_node("MultiHeadAttention", [*by_proj[id(n)].output, "", "mha_key_padding_mask"],
-                                        [merged], domain="com.microsoft", num_heads=num_heads))
+            project, bias = by_proj[id(n)]
+            merged = n.input[0] + "_attention"
+            new.append(helper.make_node("Attention", [project.input[0], project.input[1], bias, "attention_mask_int32"],
+                                        [merged], domain="com.microsoft", num_heads=num_heads,
+                                        name=project.name + "_attention"))
             n.input[0] = merged
         new.append(n)
     outputs = {o.name for o in graph.output}
@@ -130,7 +143,8 @@ def keep_outliers(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
     producer = {o: n for n in nodes for o in n.output}
     uses = Counter(x for n in nodes for x in n.input)
     # weights rewritten in place: only those no other node reads (a tied matrix stays as it is)
-    matmuls = [n for n in nodes if n.op_type == "MatMul" and n.input[1] in inits
+    # (an Attention node projects its input with its weight, input 1, as a MatMul does)
+    matmuls = [n for n in nodes if n.op_type in ("MatMul", "Attention") and n.input[1] in inits
                and len(inits[n.input[1]].dims) == 2 and uses[n.input[1]] == 1]
     absmax = _channel_absmax(model, matmuls, batches)
     array = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
@@ -156,7 +170,7 @@ def keep_outliers(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
         if not channels:
             continue
         p = n.name + "_outliers_"
-        ffn = ffn_in(n)
+        ffn = ffn_in(n) if n.op_type == "MatMul" else None
         if ffn is not None:  # the channels' columns of W1 and rows of W2 on an fp32 side path
             first, bias, gelu = ffn
             w1, b1, w2 = array(first.input[1]), array(bias), array(n.input[1])
@@ -235,7 +249,7 @@ def quantize_int8(src: str | Path, dst: str | Path, calibration: Iterable[dict[s
         level, handlers = root.level, list(root.handlers)
         root.setLevel(logging.ERROR)
         try:
-            # shape inference stops at com.microsoft nodes (MultiHeadAttention): their outputs are float
+            # shape inference stops at com.microsoft nodes (Attention): their outputs are float
             quantize_dynamic(str(src), str(dst), weight_type=QuantType.QInt8, per_channel=per_channel,
                              nodes_to_exclude=fp32_nodes, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
         finally:
