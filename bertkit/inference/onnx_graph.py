@@ -10,8 +10,9 @@
   Measured on real text at export:
   - a feed-forward's outlier channels (after GELU) leave the int8 path: their columns of the first
     matmul and rows of the second run on a small fp32 side path;
-  - every other matmul's input outlier channel c is divided by r_c before quantisation and its
-    weight row multiplied by r_c (the product is unchanged), so one scale fits all channels;
+  - every other matmul's input outlier channel c (the attention's QKV projection's too) is divided
+    by r_c before quantisation and its weight row multiplied by r_c (the product is unchanged), so
+    one scale fits all channels;
   - the pooler, one row per text, stays fp32.
 """
 from __future__ import annotations
