@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -31,8 +31,18 @@ OUTLIER_RATIO = 2.0
 MAX_OUTLIERS = 16
 
 
-def _consumers(nodes, name: str) -> list:
-    return [n for n in nodes if name in n.input]
+def _linear(add, producer: dict, weights, uses: Counter):
+    """`add` as x @ W + b: (the MatMul, the bias's name) where W and b are weights, the MatMul's
+    output feeds only `add` and `add`'s only one node; else None. (The exporter shares equal weights, such as zero biases,
+    among nodes: a caller that rewrites W or b checks `uses` of its own.)"""
+    if add is None or add.op_type != "Add":
+        return None
+    matmul = next((producer[x] for x in add.input if x in producer), None)
+    bias = next((x for x in add.input if x in weights), None)
+    if (matmul is None or bias is None or matmul.op_type != "MatMul" or matmul.input[1] not in weights
+            or uses[matmul.output[0]] > 1 or uses[add.output[0]] > 1):
+        return None
+    return matmul, bias
 
 
 def fuse_attention(path: str | Path, num_heads: int) -> int:
@@ -49,21 +59,22 @@ def fuse_attention(path: str | Path, num_heads: int) -> int:
     weights = {i.name for i in graph.initializer}
     nodes = list(graph.node)
     producer = {o: n for n in nodes for o in n.output}
+    consumers = defaultdict(list)
+    for n in nodes:
+        for x in n.input:
+            consumers[x].append(n)
     uses = Counter(x for n in nodes for x in n.input)
     fused = []  # (the projection's MatMul, its bias, the output projection's MatMul)
     for split in (n for n in nodes if n.op_type == "Split" and len(n.output) == 3):
-        add = producer.get(split.input[0])
-        project = add is not None and add.op_type == "Add" and next(
-            (producer[x] for x in add.input if x in producer), None)
-        bias = add is not None and next((x for x in add.input if x in weights), None)
-        if (not project or not bias or project.op_type != "MatMul" or project.input[1] not in weights
-                or uses[project.output[0]] > 1 or uses[add.output[0]] > 1):
+        linear = _linear(producer.get(split.input[0]), producer, weights, uses)
+        if linear is None:
             continue
+        project, bias = linear
         # the attention is every node the split's outputs reach before a weight matmul: that matmul
         # is the output projection, its input the heads merged back to (B, T, H)
         region, frontier, out_proj = {}, list(split.output), None
         while frontier:
-            for n in _consumers(nodes, frontier.pop()):
+            for n in consumers[frontier.pop()]:
                 if n.op_type == "MatMul" and n.input[1] in weights:
                     out_proj = n if out_proj is None or out_proj is n else False
                 elif id(n) not in region:
@@ -148,22 +159,21 @@ def keep_outliers(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
     matmuls = [n for n in nodes if n.op_type in ("MatMul", "Attention") and n.input[1] in inits
                and len(inits[n.input[1]].dims) == 2 and uses[n.input[1]] == 1]
     absmax = _channel_absmax(model, matmuls, batches)
-    array = lambda name: numpy_helper.to_array(inits[name])  # noqa: E731
+
+    def array(name):
+        return numpy_helper.to_array(inits[name])
 
     def replace(name, value):
         inits[name].CopyFrom(numpy_helper.from_array(np.ascontiguousarray(value, dtype=np.float32), name))
 
     def ffn_in(n):  # n's input is GELU(x @ W1 + b1): (the W1 matmul, the bias name, the GELU), else None
         gelu = producer.get(n.input[0])
-        add = gelu is not None and gelu.op_type == "Gelu" and producer.get(gelu.input[0])
-        if not add or add.op_type != "Add":
+        if gelu is None or gelu.op_type != "Gelu" or uses[gelu.output[0]] > 1:
             return None
-        first = next((producer[x] for x in add.input if x in producer), None)
-        bias = next((x for x in add.input if x in inits), None)
-        if (first is None or bias is None or first.op_type != "MatMul" or first.input[1] not in inits
-                or uses[first.input[1]] > 1 or uses[bias] > 1 or uses[gelu.output[0]] > 1):
+        linear = _linear(producer.get(gelu.input[0]), producer, inits, uses)
+        if linear is None or uses[linear[0].input[1]] > 1 or uses[linear[1]] > 1:  # W1 and b1 are rewritten
             return None
-        return first, bias, gelu
+        return (*linear, gelu)
 
     before, after, side = {}, {}, []  # nodes to insert before / after a matmul
     for n in matmuls:
