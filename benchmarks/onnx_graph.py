@@ -1,6 +1,7 @@
 """What each rewrite of the exported graph gives (bertkit/inference/onnx_graph.py): MiniLM's
 encoder as the exporter writes it and with each attention (its QKV projection included) one
-Attention node, in fp32 and int8, the int8 with and without the outlier channels kept. One
+Attention node, in fp32 and int8, the int8 with and without the outlier channels kept (the
+feed-forward's on an fp32 side path, the other matmuls' inputs smoothed: onnx_graph.py). One
 process, ONNX Runtime, rotten-tomatoes training reviews in length-sorted batches of 32, mean
 pooling; rounds alternate the graphs.
 Reports seconds (median, min-max) and each graph's lowest and mean cosine to the fused fp32 vectors.
