@@ -12,7 +12,10 @@ to the written .npy:
   to the fp32 ones and retrieval agreement: over 1,000 query texts, the share of each one's 10
   nearest texts (cosine, among all) that fp32 and int8 have in common.
 
-Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
+Start-up (one sentence, the same processes) is its own figure. After the peers, the fp32 floor:
+the time MiniLM's linear layers alone take on the workload's real tokens at the GFLOP/s this CPU
+measures for their shapes (the best of MKL and oneDNN), against which each fp32 peer's time is
+set. Rounds alternate the peers; each
 figure is the median of the rounds, with min and max, and bertkit's speed-up over each peer is
 also given round by round (peers of one round ran minutes apart at most). All outputs are
 checked against bertkit's PyTorch vectors (max abs difference reported).
@@ -170,13 +173,15 @@ def main():
     import torch
 
     from bertkit.training.distributed import native_bf16
+    floor = fp32_floor(minilm, texts)
     result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
               "threads": torch.get_num_threads(),
               "native_bf16": native_bf16(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,
               "min_cosine_vs_bertkit": cosines,
-              "mean_cosine_vs_bertkit": mean_cosines, "int8_top10_agreement_with_fp32": agreement}
+              "mean_cosine_vs_bertkit": mean_cosines, "int8_top10_agreement_with_fp32": agreement,
+              "fp32_floor": floor}
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
     print(f"\n{len(texts)} sentences, MiniLM, whole processes, median of {args.rounds} (min-max)\n")
@@ -192,6 +197,40 @@ def main():
               f"fp32 ones {cosines['bertkit --backend onnx-int8']:.4f}, mean "
               f"{mean_cosines['bertkit --backend onnx-int8']:.4f}; top-10 neighbours in common over "
               f"{agreement['queries']} queries: {agreement['mean']:.3f} (min {agreement['min']:.1f})")
+    print(f"\nfp32 floor: {floor['tokens']} real tokens, {floor['gflop']:.0f} GFLOP in the linear layers at "
+          f"{floor['gflop_s']:.0f} GFLOP/s: {floor['seconds']:.1f} s")
+    for name in ("bertkit", "bertkit --backend onnx", "transformers, input order", "ONNX Runtime, sorted"):
+        if name in summary:
+            s = summary[name]
+            print(f"  {name}: {s['median_s'] - s['startup_median_s']:.1f} s past start-up = "
+                  f"{(s['median_s'] - s['startup_median_s']) / floor['seconds']:.2f}x the floor")
+
+
+def fp32_floor(folder: str, texts: list[str], batch: int = 32) -> dict:
+    """The least time fp32 encoding of `texts` can take here: the linear layers' FLOPs on the real
+    tokens (padding, attention, LayerNorm, GELU, tokenising left out) at the GFLOP/s that this CPU
+    measures for MiniLM's four linear shapes, rows = a batch of texts of the mean length."""
+    import torch
+    import torch.nn.functional as F
+
+    from bertkit.config import load_config
+    from bertkit.tokenizer import load_tokenizer
+    from common import median_time
+    config = load_config(folder)
+    tokens = sum(len(e.ids) for e in load_tokenizer(folder).encode_unpadded(texts, max_len=512))
+    rows = batch * round(tokens / len(texts))
+    h, f = config.hidden_size, config.intermediate_size
+    seconds, gflop = 0.0, 0.0
+    with torch.inference_mode():
+        for k, n in ((h, 3 * h), (h, h), (h, f), (f, h)):  # QKV, attention output, feed-forward in and out
+            x, w, b = torch.randn(rows, k), torch.randn(n, k) * 0.05, torch.randn(n)
+            blocked = torch.ops.mkldnn._reorder_linear_weight(w, rows)
+            best = min(median_time(lambda: F.linear(x, w, b)),
+                       median_time(lambda: torch.ops.mkldnn._linear_pointwise(x, blocked, b, "none", [], "")))
+            flop = 2 * tokens * k * n * config.num_hidden_layers
+            gflop += flop / 1e9
+            seconds += best * tokens / rows * config.num_hidden_layers
+    return {"tokens": tokens, "rows_per_batch": rows, "gflop": gflop, "gflop_s": gflop / seconds, "seconds": seconds}
 
 
 def retrieval_agreement(fp32: np.ndarray, int8: np.ndarray, queries: int = 1000, k: int = 10) -> dict:

@@ -30,9 +30,9 @@ import numpy as np
 OUTLIER_RATIO = 2.0
 MAX_OUTLIERS = 16
 # SmoothQuant's migration strength (Xiao et al., 2023): how much of the activations' spread over
-# channels moves into the weights; in a sweep from 0.3 to 0.9 on 20,000 real texts, 0.7-0.8 gave the
-# highest mean cosine to fp32 and no text under 0.99 (docs/benchmarks.md)
-SMOOTHING = 0.75
+# channels moves into the weights; in a sweep from 0.3 to 0.9 on 20,000 real texts, 0.7 and 0.8 gave
+# the highest mean cosine to fp32 and no text under 0.99 (docs/benchmarks.md)
+SMOOTHING = 0.7
 
 
 def _linear(add, producer: dict, weights, uses: Counter):
@@ -149,8 +149,8 @@ def _outliers(absmax: np.ndarray) -> list[int]:
 def smooth_for_int8(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str]:
     """Rewrite `model` (an onnx.ModelProto, in place, still fp32 and computing the same function)
     so that quantize_dynamic keeps the outlier channels (the feed-forward's on a side path, the
-    other inputs' channels smoothed); returns the names of the side path's
-    matmuls, to be left in fp32."""
+    other inputs' channels smoothed); returns the names of the side path's matmuls, to be left in
+    fp32."""
     import onnx
     from onnx import helper, numpy_helper
 
@@ -184,10 +184,10 @@ def smooth_for_int8(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str
     for n in matmuls:
         p = n.name + "_int8_"
         ffn = ffn_in(n) if n.op_type == "MatMul" else None
-        channels = _outliers(absmax[n.name]) if ffn is not None else []
-        if ffn is not None and not channels:
-            continue
-        if ffn is not None:  # the channels' columns of W1 and rows of W2 on an fp32 side path
+        if ffn is not None:  # the outlier channels' columns of W1 and rows of W2 on an fp32 side path
+            channels = _outliers(absmax[n.name])
+            if not channels:
+                continue
             first, bias, gelu = ffn
             w1, b1, w2 = array(first.input[1]), array(bias), array(n.input[1])
             rest = np.setdiff1d(np.arange(w1.shape[1]), channels)
@@ -215,7 +215,7 @@ def smooth_for_int8(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str
             side += [p + "first", p + "second"]
         else:  # x[:, c] / s_c and W[c] * s_c, s_c = m_c^a / w_c^(1-a) (SmoothQuant): channels evened out
             m = absmax[n.name]
-            m = np.maximum(m, 0.1 * np.median(m))  # a channel (near) silent on the calibration text
+            m = np.maximum(m, 0.1 * np.median(m))  # a channel silent on the calibration text: not blown up
             w = array(n.input[1])
             smooth = m ** SMOOTHING / np.maximum(np.abs(w).max(1), 1e-8) ** (1 - SMOOTHING)
             smooth /= np.median(smooth)
