@@ -8,17 +8,18 @@ to the written .npy:
 - transformers AutoModel (sdpa) in input-order batches of 32, the way most scripts run it;
 - ONNX Runtime on the same exported graph (`bertkit export`'s model.onnx: since 2026-12-06 each
   attention one Attention node) with length-sorted batches of 32 and the HF tokenizer;
-- bertkit --backend onnx-int8 (`export --int8`: dynamic int8 matmuls, outlier channels kept, inputs smoothed), with its vectors' cosine
-  to the fp32 ones and retrieval agreement: over 1,000 query texts, the share of each one's 10
-  nearest texts (cosine, among all) that fp32 and int8 have in common.
+- bertkit --backend onnx-int8 (`export --int8`: dynamic int8 matmuls, outlier channels kept,
+  inputs smoothed), with its vectors' cosine to the fp32 ones and retrieval agreement: over 1,000
+  query texts, the share of each one's 10 nearest texts (cosine, among all) that fp32 and int8
+  have in common.
 
-Start-up (one sentence, the same processes) is its own figure. After the peers, the fp32 floor:
-the time MiniLM's linear layers alone take on the workload's real tokens at the GFLOP/s this CPU
-measures for their shapes (the best of MKL and oneDNN), against which each fp32 peer's time is
-set. Rounds alternate the peers; each
+Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
 figure is the median of the rounds, with min and max, and bertkit's speed-up over each peer is
 also given round by round (peers of one round ran minutes apart at most). All outputs are
-checked against bertkit's PyTorch vectors (max abs difference reported).
+checked against bertkit's PyTorch vectors (max abs difference reported). After the peers, the
+fp32 floor: the time MiniLM's linear layers alone take on the workload's real tokens at the
+GFLOP/s this CPU measures for their shapes (the best of MKL and oneDNN), against which each fp32
+peer's time is set.
 
     .venv/bin/python benchmarks/encode_speed.py [--rounds 3] [--n 20000] [--skip PEER ...] [--name encode_speed]
 """

@@ -312,9 +312,9 @@ def test_export_runs_each_attention_as_one_node(tiny_bert, tmp_path):
 def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     """A few of MiniLM's activation channels run 5-15x the rest and set each matmul's one int8
     activation scale. smooth_for_int8's rewrite (the feed-forward's outlier channels on an fp32
-    side path, every other matmul's input smoothed) computes the same vectors in fp32; quantised, each
-    real review's mean-pooled vector stays at a cosine of 0.99 or more to fp32, above what plain
-    dynamic quantisation keeps. The graph is the folder export's (each attention one node)."""
+    side path, every other matmul's input smoothed) computes the same vectors in fp32; quantised,
+    each real review's mean-pooled vector stays at a cosine of 0.99 or more to fp32, above what
+    plain dynamic quantisation keeps. The graph is the folder export's (each attention one node)."""
     import onnx
 
     from bertkit.checkpoint import load_model, load_tokenizer
@@ -332,7 +332,8 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     side = smooth_for_int8(model, calibration)
     assert len(side) == 2 * config.num_hidden_layers  # each feed-forward has outlier channels after GELU
     # the attention's input, its output projection's and the feed-forward's first matmul's smoothed
-    assert sum(n.op_type == "Mul" and n.name.endswith("_int8_smooth") for n in model.graph.node) == 3 * config.num_hidden_layers
+    smoothed = [n for n in model.graph.node if n.op_type == "Mul" and n.name.endswith("_int8_smooth")]
+    assert len(smoothed) == 3 * config.num_hidden_layers
     onnx.save(model, str(tmp_path / "rewritten.onnx"))
     quantize_int8(fp32, tmp_path / "ours.onnx", tok)
     quantize_int8(fp32, tmp_path / "plain.onnx")

@@ -215,6 +215,8 @@ def smooth_for_int8(model, batches: Iterable[dict[str, np.ndarray]]) -> list[str
             side += [p + "first", p + "second"]
         else:  # x[:, c] / s_c and W[c] * s_c, s_c = m_c^a / w_c^(1-a) (SmoothQuant): channels evened out
             m = absmax[n.name]
+            if not np.median(m) > 0:  # most channels silent on the calibration text: nothing to balance
+                continue
             m = np.maximum(m, 0.1 * np.median(m))  # a channel silent on the calibration text: not blown up
             w = array(n.input[1])
             smooth = m ** SMOOTHING / np.maximum(np.abs(w).max(1), 1e-8) ** (1 - SMOOTHING)
