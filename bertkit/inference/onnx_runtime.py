@@ -63,7 +63,12 @@ def open_session(path: str | Path):
         options.intra_op_num_threads = int(threads)
     options.log_severity_level = 3
     try:
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        # ONNX Runtime's fused SkipLayerNormalization (the residual add and LayerNorm) took 30% of
+        # the int8 graph's time, 3x the LayerNormalization and Add it replaces: int8 encoding 1.25x
+        # faster without it, the vectors' cosine to fp32 as before (Xeon with AMX, ONNX Runtime
+        # 1.31, docs/benchmarks.md); the fp32 graph is not fused either way
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+                                    disabled_optimizers=["SkipLayerNormFusion"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
         raise BertkitError(f"{path}: cannot load the ONNX model ({e})") from None
 
