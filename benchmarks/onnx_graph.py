@@ -2,8 +2,8 @@
 encoder as the exporter writes it and with each attention (its QKV projection included) one
 Attention node, in fp32 and int8, the int8 with and without the outlier channels kept (the
 feed-forward's on an fp32 side path, the other matmuls' inputs smoothed: onnx_graph.py). One
-process, ONNX Runtime, rotten-tomatoes training reviews in length-sorted batches of 32, mean
-pooling; rounds alternate the graphs.
+process, ONNX Runtime sessions as bertkit opens them (open_session), rotten-tomatoes training
+reviews in length-sorted batches of 32, mean pooling; rounds alternate the graphs.
 Reports seconds (median, min-max) and each graph's lowest and mean cosine to the fused fp32 vectors.
 
     .venv/bin/python benchmarks/onnx_graph.py [--n 2000] [--rounds 3]
@@ -38,6 +38,7 @@ def main():
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export as export_data
     from bertkit.inference.export import export_onnx, quantize_int8
+    from bertkit.inference.onnx_runtime import open_session
 
     minilm = get_model_path()
     work = Path(tempfile.mkdtemp(prefix="onnx_graph_"))
@@ -64,11 +65,7 @@ def main():
         b = tok.pad([encodings[j] for j in rows], tensors="np")
         batches.append((rows, {"input_ids": b.input_ids, "token_type_ids": b.token_type_ids,
                                "attention_mask": b.attention_mask}))
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = torch.get_num_threads()
-    options.log_severity_level = 3
-    sessions = {name: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-                for name, path in graphs.items()}
+    sessions = {name: open_session(path) for name, path in graphs.items()}  # as bertkit runs them
 
     def encode(session):
         out = np.zeros((len(texts), bert.config.hidden_size), np.float32)
