@@ -63,12 +63,14 @@ bench-corpus: $(VENV)/.runtime $(DOCS)
 
 # serving and inference: whole-process encode speed against transformers and ONNX Runtime, the
 # server under load (1, 8, 64 clients; batching on and off), what int8 costs on a real task, and
-# each rewrite of the exported graph (the attention fused, int8 outlier channels) alone
+# each rewrite of the exported graph (the attention fused, int8 outlier channels) alone, and int8
+# where the CPU's int8 products saturate (simulated)
 bench-serve: $(VENV)/.test
 	$(PY) benchmarks/encode_speed.py
 	$(PY) benchmarks/serve_load.py
 	$(PY) benchmarks/onnx_int8.py
 	$(PY) benchmarks/onnx_graph.py
+	$(PY) benchmarks/int8_saturation.py
 
 # fine-tuning choices one at a time, then the chosen defaults, beside transformers over 3 seeds
 # (each part under 90 minutes on 2 cores)

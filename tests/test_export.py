@@ -361,3 +361,54 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     assert np.abs(vectors(tmp_path / "rewritten.onnx") - ref).max() < 1e-4
     ours, plain = cosine(vectors(tmp_path / "ours.onnx"), ref), cosine(vectors(tmp_path / "plain.onnx"), ref)
     assert ours.min() >= 0.99 and ours.min() > plain.min() and ours.mean() > plain.mean(), (ours.min(), plain.min())
+
+
+def test_int8_weights_made_unsigned_give_the_same_outputs(exported):
+    """Where ONNX Runtime's uint8 x int8 kernel saturates (AVX2 without VNNI: vpmaddubsw adds two
+    products in 16 bits), bertkit opens an int8 graph with its weights made uint8 (+128, and the
+    zero points too): the same integer products, so the same outputs to the bit."""
+    import onnx
+    import onnxruntime as ort
+
+    from bertkit.inference.onnx_runtime import INT8_WEIGHT_INPUTS, unsigned_int8_weights
+    model = onnx.load(str(exported / "model.int8.onnx"))
+    int8 = [n for n in model.graph.node if n.op_type in INT8_WEIGHT_INPUTS]
+    assert unsigned_int8_weights(model) == len(int8) >= 2 * 4  # tiny_bert: 2 layers of QKV, output, FFN in and out
+    inits = {i.name: i for i in model.graph.initializer}
+    for n in int8:
+        w, zp = INT8_WEIGHT_INPUTS[n.op_type]
+        assert inits[n.input[w]].data_type == inits[n.input[zp]].data_type == onnx.TensorProto.UINT8
+    assert unsigned_int8_weights(model) == 0  # uint8 already: left as it is
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, 100, (3, 9))
+    mask = np.ones_like(ids)
+    mask[1, 6:] = 0
+    feed = {"input_ids": ids, "token_type_ids": np.zeros_like(ids), "attention_mask": mask}
+    signed = ort.InferenceSession(str(exported / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    unsigned = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for a, b in zip(signed.run(None, feed), unsigned.run(None, feed)):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_int8_graphs_open_unsigned_only_where_the_cpu_saturates(exported, monkeypatch):
+    from bertkit.inference import onnx_runtime
+    from bertkit.inference.onnx_runtime import OnnxEncoder, int8_pairs_saturate
+    # Linux's flag names: AVX2 alone saturates; VNNI (AVX-512's, AVX's, AMX CPUs have it) or no AVX2 does not
+    assert int8_pairs_saturate({"sse4_2", "avx", "avx2", "fma"})
+    assert int8_pairs_saturate({"avx2", "avx512f", "avx512bw"})
+    assert not int8_pairs_saturate({"avx2", "avx512f", "avx512_vnni", "amx_int8"})
+    assert not int8_pairs_saturate({"avx2", "avx_vnni"})
+    assert not int8_pairs_saturate({"sse4_2"}) and not int8_pairs_saturate({"asimd", "asimddp"})
+
+    ids = np.array([[2, 40, 41, 42, 3]])
+    here = OnnxEncoder.from_folder(exported, int8=True).run(ids)
+    rewritten = []
+    real = onnx_runtime.unsigned_int8_weights
+    monkeypatch.setattr(onnx_runtime, "unsigned_int8_weights", lambda m: rewritten.append(real(m)) or rewritten[-1])
+    monkeypatch.setattr(onnx_runtime, "int8_pairs_saturate", lambda flags=None: True)
+    saturating = OnnxEncoder.from_folder(exported, int8=True).run(ids)
+    assert rewritten and rewritten[0] >= 8
+    for a, b in zip(here, saturating):
+        np.testing.assert_array_equal(a, b)
+    OnnxEncoder.from_folder(exported)  # the fp32 graph: nothing to rewrite
+    assert rewritten[1:] == [0]

