@@ -173,11 +173,14 @@ def main():
         s["speedup_by_round"] = [t / b for t, b in zip(s["rounds_s"], times["full"]["bertkit"])]
     import torch
 
+    from bertkit.inference.onnx_runtime import int8_pairs_saturate
     from bertkit.training.distributed import native_bf16
     floor = fp32_floor(minilm, texts)
     result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
               "threads": torch.get_num_threads(),
               "native_bf16": native_bf16(),
+              # no VNNI: --backend onnx-int8 ran its weights as uint8 (onnx_runtime.unsigned_int8_weights)
+              "int8_weights_unsigned": int8_pairs_saturate(),
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "sentences": len(texts),
               "rounds": args.rounds, "peers": summary, "max_abs_diff_vs_bertkit": diffs,
               "min_cosine_vs_bertkit": cosines,
