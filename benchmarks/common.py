@@ -83,3 +83,15 @@ def save_figure(fig, path: str | Path, title: str | None = None) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return Path(path)
+
+
+def encode_texts(work: Path, n: int = 20000) -> list[str]:
+    """The encode benchmarks' texts: rotten-tomatoes' training reviews, then the tweets' training
+    tweets, the first n of those with no line separator inside (one text per line for every peer)."""
+    from bertkit.data.registry import export
+    rows = []
+    for name in ("rotten-tomatoes", "tweets"):
+        export(name, work / name)
+        # split on "\n" only: a JSON line may hold U+2028, which splitlines() would cut at
+        rows += [json.loads(line) for line in (work / name / "train.jsonl").read_text().split("\n") if line.strip()]
+    return [r["text"] for r in rows if len(r["text"].splitlines()) == 1][:n]

