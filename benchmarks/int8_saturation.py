@@ -39,12 +39,13 @@ from common import encode_texts, write_result  # noqa: E402
 INT16 = (-32768, 32767)
 
 
-def pairs_clipped(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int, int]:
+def pairs_clipped(a: np.ndarray, b: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, int, int]:
     """sum_k a[:, k] * b[k] as the saturating kernel adds it: products of neighbouring k (2i, 2i + 1)
-    summed and clipped to int16, then added in int32. a (M, K) uint8, b (K, N) int8. Returns the
-    (M, N) int64 sums, the pairs clipped, the pairs in all. Only a pair whose weights reach
-    |b| + |b'| > 128 can leave int16 (a <= 255): those are the ones computed one by one."""
-    exact = np.rint(a.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)  # exact: sums < 2^53
+    summed and clipped to int16, then added in int32. a (M, K) uint8, b (K, N) int8, exact (M, N)
+    their exact sums. Returns the (M, N) int64 sums, the pairs clipped, the pairs in all. Only a
+    pair whose weights reach |b| + |b'| > 128 can leave int16 (a <= 255): those are the ones
+    computed one by one."""
+    out = exact.copy()
     a, b = a.astype(np.int32), b.astype(np.int32)
     if a.shape[1] % 2:
         a, b = np.pad(a, ((0, 0), (0, 1))), np.pad(b, ((0, 1), (0, 0)))
@@ -53,12 +54,12 @@ def pairs_clipped(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int, int]:
     pair, col = pair[order], col[order]
     total = a.shape[0] * (a.shape[1] // 2) * b.shape[1]
     if not len(col):
-        return exact, 0, total
+        return out, 0, total
     p = a[:, 2 * pair] * b[2 * pair, col] + a[:, 2 * pair + 1] * b[2 * pair + 1, col]  # (M, candidates)
     excess = np.clip(p, *INT16) - p
     starts = np.flatnonzero(np.r_[True, col[1:] != col[:-1]])
-    exact[:, col[starts]] += np.add.reduceat(excess, starts, axis=1)
-    return exact, int((excess != 0).sum()), total
+    out[:, col[starts]] += np.add.reduceat(excess, starts, axis=1)
+    return out, int((excess != 0).sum()), total
 
 
 def evaluator(model, saturate: bool, stats: dict):
@@ -69,10 +70,10 @@ def evaluator(model, saturate: bool, stats: dict):
 
     def int_matmul(name, a, b, za, zb):
         a2 = a.reshape(-1, a.shape[-1])
-        exact = np.rint(a2.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)
+        exact = np.rint(a2.astype(np.float64) @ b.astype(np.float64)).astype(np.int64)  # exact: sums < 2^53
         raw = exact
         if saturate:
-            raw, clipped, pairs = pairs_clipped(a2, b)
+            raw, clipped, pairs = pairs_clipped(a2, b, exact)
             s = stats.setdefault(name, {"clipped": 0, "pairs": 0, "err2": 0.0, "out2": 0.0})
             s["clipped"] += clipped
             s["pairs"] += pairs

@@ -92,41 +92,22 @@ def unsigned_int8_weights(model) -> int:
     """Rewrite `model` (an onnx.ModelProto, in place) so that its int8 matmul weights are uint8 with
     128 added to them and to their zero points: the same integer products, so the same outputs, but
     ONNX Runtime then multiplies uint8 by uint8, in 16-bit lanes that cannot saturate. Returns the
-    number of weights rewritten. (On a CPU with AVX-VNNI, which numpy does not report, ONNX Runtime
-    runs uint8 x uint8 on its VNNI kernel: nothing lost there.)"""
+    number of weights rewritten; a weight computed in the graph or without a zero point (never so
+    in quantize_dynamic's graphs) is left as it is. (On a CPU with AVX-VNNI, which numpy does not
+    report, ONNX Runtime runs uint8 x uint8 on its VNNI kernel: nothing lost there.)"""
     from onnx import TensorProto, numpy_helper
     inits = {i.name: i for i in model.graph.initializer}
-    done: set[str] = set()
-
-    def shift(name: str, value: np.ndarray) -> None:
-        inits[name].CopyFrom(numpy_helper.from_array((value.astype(np.int16) + 128).astype(np.uint8), name))
-        done.add(name)
-
-    weights = 0
+    signed = lambda name: name in inits and inits[name].data_type == TensorProto.INT8  # noqa: E731
+    weights, zero_points = set(), set()
     for node in model.graph.node:
-        if node.op_type not in INT8_WEIGHT_INPUTS:
-            continue
-        w, zp = INT8_WEIGHT_INPUTS[node.op_type]
-        name = node.input[w]
-        if name not in inits or (name not in done and inits[name].data_type != TensorProto.INT8):
-            continue  # a weight computed in the graph, or uint8 already
-        zp_name = node.input[zp] if len(node.input) > zp else ""
-        if zp_name and (zp_name not in inits or inits[zp_name].data_type not in (TensorProto.INT8, TensorProto.UINT8)):
-            continue
-        if name not in done:
-            shift(name, numpy_helper.to_array(inits[name]))
-            weights += 1
-        if not zp_name:  # no zero point: 0, so 128 now
-            zp_name = name + "_unsigned_zero_point"
-            if zp_name not in inits:
-                inits[zp_name] = numpy_helper.from_array(np.uint8(128), zp_name)
-                model.graph.initializer.append(inits[zp_name])
-            while len(node.input) <= zp:
-                node.input.append("")
-            node.input[zp] = zp_name
-        elif zp_name not in done and inits[zp_name].data_type == TensorProto.INT8:
-            shift(zp_name, numpy_helper.to_array(inits[zp_name]))
-    return weights
+        w, zp = INT8_WEIGHT_INPUTS.get(node.op_type, (None, None))
+        if w is not None and len(node.input) > zp and signed(node.input[w]) and signed(node.input[zp]):
+            weights.add(node.input[w])
+            zero_points.add(node.input[zp])
+    for name in weights | zero_points:  # each once, though nodes share them
+        value = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
+        inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.uint8), name))
+    return len(weights)
 
 
 def _model_for_this_cpu(path: str | Path) -> str | bytes:
