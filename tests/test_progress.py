@@ -38,3 +38,34 @@ def test_a_bar_on_a_pipe_writes_lines_not_carriage_returns(capsys):
     lines = err.splitlines()
     assert 1 <= len(lines) <= 3 and "1000/1000" in lines[-1]  # the first draw, the last state
     assert progress_bar(False, total=5).disable
+
+
+def test_a_line_is_not_repeated_and_only_the_closing_newline_writes_the_last_state():
+    out, clock = io.StringIO(), Clock()
+    lines = _Lines(out, every=30, clock=clock)
+    lines.write("\r 5/10 step")
+    clock.now = 10
+    lines.write("\r10/10 step")
+    lines.write("")  # tqdm's empty writes (a refresh, the start of close) are not the end
+    assert out.getvalue().splitlines() == ["5/10 step"]
+    clock.now = 40  # due by the interval, then closed with the same state: written once
+    lines.write("\r10/10 step")
+    lines.write("\n")
+    assert out.getvalue().splitlines() == ["5/10 step", "10/10 step"]
+
+
+def test_work_between_steps_is_left_out_of_the_bars_rate_and_eta():
+    """An evaluation or a checkpoint between steps stops the bar's clock (Loop.bar_paused): the
+    bar's elapsed time, its steps per second and its ETA are the steps' own."""
+    import time
+    import types
+
+    from bertkit.training.loop import Loop
+
+    bar = progress_bar(True, total=4, unit="step")
+    bar.update(2)
+    with Loop.bar_paused(types.SimpleNamespace(bar=bar)):
+        time.sleep(0.5)  # an evaluation
+    assert bar.format_dict["elapsed"] < 0.25
+    bar.update(2)
+    bar.close()

@@ -16,25 +16,31 @@ LOG_EVERY_S = 30.0
 class _Lines:
     """tqdm's stream where stderr is not a terminal: a bar redrawn in place (carriage returns)
     would pile up in a log, a thousand redraws for a ten-minute run. Each redraw becomes at most
-    one whole line per `every` seconds, and the last one is written when the bar closes."""
+    one whole line per `every` seconds, and the last one is written when the bar closes; a line
+    the same as the one before it is not written again."""
 
     def __init__(self, stream, every: float = LOG_EVERY_S, clock=time.monotonic):
         self.stream, self.every, self.clock = stream, every, clock
-        self.last, self.pending = None, None
+        self.last, self.pending, self.written = None, None, None
 
     def write(self, s: str) -> None:
         line = s.replace("\r", "").strip()
-        if not line:  # tqdm ends a closed bar with a newline: its last state, if not written yet
-            if self.pending:
-                self.stream.write(self.pending + "\n")
+        if not line:
+            if "\n" in s and self.pending:  # the newline that closes the bar: its last state, if not written yet
+                self._line(self.pending)
                 self.pending = None
             return
         now = self.clock()
         if self.last is None or now - self.last >= self.every:
-            self.stream.write(line + "\n")
+            self._line(line)
             self.last, self.pending = now, None
         else:
             self.pending = line
+
+    def _line(self, line: str) -> None:
+        if line != self.written:
+            self.stream.write(line + "\n")
+            self.written = line
 
     def flush(self) -> None:
         self.stream.flush()

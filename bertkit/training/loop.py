@@ -199,9 +199,21 @@ class Loop:
     @contextlib.contextmanager
     def timed(self, what: str):
         """`with loop.timed("eval_s"):` the closing work's duration, which the budget leaves room for."""
-        t0 = self.clock.timer()
+        with self.bar_paused():
+            t0 = self.clock.timer()
+            yield
+            setattr(self, what, self.clock.timer() - t0)
+
+    @contextlib.contextmanager
+    def bar_paused(self):
+        """Work between steps (evaluation, checkpoints): the progress bar's clock stops, so its
+        rate and ETA are the steps' own."""
+        bar = getattr(self, "bar", None)
+        if bar is not None:
+            bar.refresh()  # its last draw is now: unpause() drops the time since
         yield
-        setattr(self, what, self.clock.timer() - t0)
+        if bar is not None:
+            bar.unpause()
 
     def save(self, finished: bool) -> None:
         rng = self.procs.rng_states()  # every rank's, for an exact resume
@@ -250,9 +262,10 @@ class Loop:
         try:
             while not self.finished:
                 if job.epoch_done(self):
-                    self.last = job.end_epoch(self) or self.last
-                    if job.epoch_checkpoints:
-                        self.save(finished=self.last)
+                    with self.bar_paused():
+                        self.last = job.end_epoch(self) or self.last
+                        if job.epoch_checkpoints:
+                            self.save(finished=self.last)
                     if self.last:
                         break
                     continue
