@@ -293,7 +293,8 @@ def cmd_export(args) -> None:
         print(f"bertkit: wrote {report['head']} (the task head; largest difference: {report['head_max_abs_diff']:.1e})")
     if args.int8:
         print(f"bertkit: wrote {report['int8']} (int8 weights; largest difference: {report['int8_max_abs_diff']:.1e})")
-    print(f"bertkit: {args.out} is a model folder: use it with --backend onnx (encode, predict, serve)")
+    backends = "--backend onnx" + (" or onnx-int8" if args.int8 else "")
+    print(f"bertkit: {args.out} is a model folder: use it with {backends} (encode, predict, serve)")
 
 
 def cmd_data_export(args) -> None:

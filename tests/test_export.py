@@ -205,7 +205,9 @@ def test_an_export_is_refused_once_its_weights_change_and_never_leaves_stale_fil
     assert "exported from another model.safetensors" in capsys.readouterr().err
     assert main(["export", "--model", str(tiny_bert), "--out", str(copied), "--overwrite"]) == 0  # no --int8 now
     assert not (copied / "model.int8.onnx").exists() and encode(copied, "c.npy") == 0
-    capsys.readouterr()
+    assert "use it with --backend onnx (" in capsys.readouterr().out
+    assert main(["export", "--model", str(tiny_bert), "--out", str(copied), "--overwrite", "--int8"]) == 0
+    assert "use it with --backend onnx or onnx-int8 (" in capsys.readouterr().out
     assert main(["export", "--model", str(copied), "--out", str(copied / "onnx")]) == 2
     assert "is inside the model folder" in capsys.readouterr().err and not (copied / "onnx").exists()
 
