@@ -1,25 +1,27 @@
-"""What int8 loses on a CPU whose uint8 x int8 matmul saturates, and what bertkit's unsigned weights
+"""What int8 loses on a CPU whose uint8 x int8 matmul saturates, and what bertkit's pair-safe weights
 keep. ONNX Runtime multiplies uint8 activations by int8 weights with vpmaddubsw on CPUs with AVX2
 (or AVX-512) but no VNNI: it adds each two neighbouring products in 16 bits and clips the sum to
-+-32,767, where 255 x 127 x 2 reaches 64,770. bertkit opens int8 graphs there with the weights made
-uint8 (onnx_runtime.unsigned_int8_weights), which ONNX Runtime multiplies in 16-bit lanes that add
-up in 32 bits.
++-32,767, where 255 x 127 x 2 reaches 64,770. On such CPUs bertkit opens int8 graphs with weights
+whose neighbouring pairs add up to 128 at most (onnx_runtime.pair_safe_int8_weights), so that no
+product pair reaches the clip: what this CPU computes on those weights is what a saturating one
+computes.
 
 MiniLM exported as `bertkit export --int8` writes it, the 20,000 texts of encode_speed.py
 (rotten-tomatoes reviews, then tweets), mean pooling; each text's cosine to its fp32 vector on
 ONNX Runtime:
-- ONNX Runtime on this CPU: int8 as bertkit opens it here; with the int8 weights as written (on a
-  CPU without VNNI, the saturating kernel itself, measured); with the weights made uint8, as
-  bertkit opens them on such a CPU (the same vectors; its seconds tell that kernel's speed); and
-  two variants measured and kept aside: each column rescaled so that no pair of weights can
-  saturate (pair_safe), and quantize_dynamic's 7-bit weights (reduce_range);
-- on a seeded sample of 1,000: the int8 graph on onnx's reference evaluator (numpy), exactly,
-  and with the saturating kernel simulated (each MatMulInteger's and QAttention's products
-  added in neighbouring pairs of K, 2i and 2i + 1 as the kernel packs them, clipped to 16 bits):
-  on any CPU. The exact one checks the evaluator against ONNX Runtime. Per matmul: the share of
-  product pairs clipped and the error it adds, as rms over rms of the output. The same two on
-  the export without the outlier work (plain dynamic quantisation), which a Zen 2 without VNNI
-  measured with the Xeon's lowest cosine: the simulation's check against a real saturating CPU.
+- ONNX Runtime on this CPU: the int8 graph as written (on a CPU without VNNI, the saturating
+  kernel itself, measured); pair-safe, as a CPU without VNNI opens it; and two variants measured
+  and kept aside: the weights made uint8 (+128, exact products on ONNX Runtime's uint8 x uint8
+  kernel, which bertkit ran on saturating CPUs on 2026-12-06: its seconds tell that kernel's
+  speed), and quantize_dynamic's 7-bit weights (reduce_range);
+- on a seeded sample: the int8 graphs on onnx's reference evaluator (numpy), exactly, and with
+  the saturating kernel simulated (each MatMulInteger's and QAttention's products added in
+  neighbouring pairs of K, 2i and 2i + 1 as the kernel packs them, clipped to 16 bits): on any
+  CPU. The exact one checks the evaluator against ONNX Runtime. Per matmul: the share of product
+  pairs clipped and the error it adds, as rms over rms of the output (none with pair-safe
+  weights). The same two on the export without the outlier work (plain dynamic quantisation),
+  which a Zen 2 without VNNI measured with the Xeon's lowest cosine: the simulation's check
+  against a real saturating CPU.
 
     .venv/bin/python benchmarks/int8_saturation.py [--all 20000] [--n 1000]
 """
@@ -115,28 +117,22 @@ def evaluator(model, saturate: bool, stats: dict):
     return ReferenceEvaluator(model, new_ops=[MatMulInteger, QAttention])
 
 
-def pair_safe(model) -> tuple[int, int]:
-    """Kept aside, measured here: rescale each int8 weight column (and grow its scale to match) so
-    that no two neighbouring weights add up past 128 in size, |b + b'| <= 128, so that 255 x 128
-    fits int16 and the saturating kernel computes exactly. quantize_dynamic's names: weight
-    W_quantized, its scales W_scale. Returns (columns rescaled, columns)."""
-    from onnx import numpy_helper
+def unsigned_int8_weights(model) -> int:
+    """Kept aside, measured here (bertkit ran it on saturating CPUs on 2026-12-06): the int8
+    weights and their zero points made uint8 (+128): the same integer products, which ONNX Runtime
+    then multiplies on its uint8 x uint8 kernel (16-bit lanes, no clipping, fewer products per
+    instruction). Returns the weights rewritten."""
+    from onnx import TensorProto, numpy_helper
+
+    from bertkit.inference.onnx_runtime import INT8_WEIGHT_INPUTS
     inits = {i.name: i for i in model.graph.initializer}
-    rescaled = columns = 0
-    for node in model.graph.node:
-        if node.op_type not in ("MatMulInteger", "QAttention"):
-            continue
-        name = node.input[1]
-        scale = name.removesuffix("_quantized") + "_scale"
-        b = numpy_helper.to_array(inits[name]).astype(np.int32)
-        padded = np.pad(b, ((0, b.shape[0] % 2), (0, 0)))
-        # 127 / the largest pair: rounding can add 1 to a pair, to 128 at most
-        f = np.minimum(1.0, 127.0 / np.maximum(np.abs(padded[0::2] + padded[1::2]).max(0), 1))
-        inits[name].CopyFrom(numpy_helper.from_array(np.rint(b * f).astype(np.int8), name))
-        inits[scale].CopyFrom(numpy_helper.from_array(
-            (numpy_helper.to_array(inits[scale]) / f).astype(np.float32), scale))
-        rescaled, columns = rescaled + int((f < 1).sum()), columns + b.shape[1]
-    return rescaled, columns
+    names = {node.input[i] for node in model.graph.node if node.op_type in INT8_WEIGHT_INPUTS
+             for i in (INT8_WEIGHT_INPUTS[node.op_type][0], INT8_WEIGHT_INPUTS[node.op_type][2])}
+    names = {n for n in names if n in inits and inits[n].data_type == TensorProto.INT8}
+    for name in names:
+        value = numpy_helper.to_array(inits[name]).astype(np.int16) + 128
+        inits[name].CopyFrom(numpy_helper.from_array(value.astype(np.uint8), name))
+    return len(names)
 
 
 def main():
@@ -154,7 +150,7 @@ def main():
 
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.inference.export import export_onnx, quantize_int8
-    from bertkit.inference.onnx_runtime import int8_pairs_saturate, open_session, unsigned_int8_weights
+    from bertkit.inference.onnx_runtime import int8_pairs_saturate, open_session, pair_safe_int8_weights
 
     minilm = get_model_path()
     work = Path(tempfile.mkdtemp(prefix="int8_saturation_"))
@@ -169,8 +165,10 @@ def main():
     quantization.quantize_dynamic = quantize_dynamic
     model, plain = (onnx.load(str(work / name)) for name in ("model.int8.onnx", "plain.int8.onnx"))
     safe = onnx.load(str(work / "model.int8.onnx"))
-    rescaled = pair_safe(safe)
+    rescaled = pair_safe_int8_weights(safe)  # as a CPU without VNNI opens it
     onnx.save(safe, str(work / "pair_safe.int8.onnx"))
+    columns = sum(inp.dims[-1] for inp in model.graph.initializer if inp.data_type == onnx.TensorProto.INT8
+                  and len(inp.dims) == 2)
 
     texts = encode_texts(work, args.all)
     sample = sorted(np.random.default_rng(0).choice(len(texts), min(args.n, len(texts)), replace=False))
@@ -200,20 +198,23 @@ def main():
 
     everything = list(range(len(texts)))
     fp32 = encode(on(open_session(work / "model.onnx")), everything)
-    stats = {}
+    stats, safe_stats = {}, {}
     rows = {  # name: (run, texts)
-        "ONNX Runtime, as bertkit opens it here": (on(open_session(work / "model.int8.onnx")), everything),
         "ONNX Runtime, int8 weights as written": (on(plain_session(work / "model.int8.onnx")), everything),
-        # what a CPU without VNNI opens (and its time here: on this CPU's int8 kernel it is not)
-        "ONNX Runtime, the weights made uint8": (on(unsigned_session(work / "model.int8.onnx")), everything),
-        "ONNX Runtime, weight columns rescaled so that no pair saturates (kept aside)":
-            (on(plain_session(work / "pair_safe.int8.onnx")), everything),
-        "ONNX Runtime, 7-bit weights (quantize_dynamic's reduce_range)":
+        "ONNX Runtime, pair-safe (as a CPU without VNNI opens it)": (on(plain_session(work / "pair_safe.int8.onnx")),
+                                                                     everything),
+        # exact products on the uint8 x uint8 kernel: its seconds here are that kernel's
+        "ONNX Runtime, the weights made uint8 (kept aside)": (on(unsigned_session(work / "model.int8.onnx")),
+                                                              everything),
+        "ONNX Runtime, 7-bit weights (quantize_dynamic's reduce_range; kept aside)":
             (on(plain_session(work / "reduce_range.int8.onnx")), everything),
+        "ONNX Runtime, pair-safe, the sample": (on(plain_session(work / "pair_safe.int8.onnx")), sample),
         "ONNX Runtime, int8 weights as written, the sample": (on(plain_session(work / "model.int8.onnx")), sample),
         "reference evaluator, exact": (lambda x, e=evaluator(model, False, {}): e.run(["sequence_output"], x)[0], sample),
         "reference evaluator, pairs clipped to int16 (AVX2 without VNNI, simulated)":
             (lambda x, e=evaluator(model, True, stats): e.run(["sequence_output"], x)[0], sample),
+        "reference evaluator, pair-safe, pairs clipped to int16 (simulated)":
+            (lambda x, e=evaluator(safe, True, safe_stats): e.run(["sequence_output"], x)[0], sample),
         # the check against a real CPU: this export is what the Zen 2 (AVX2, no VNNI) measured on
         # 2026-12-05, with the same lowest cosine over the 20,000 texts as the Xeon (0.958, 0.957)
         "outlier channels not kept, reference evaluator, exact":
@@ -222,7 +223,7 @@ def main():
             (lambda x, e=evaluator(plain, True, {}): e.run(["sequence_output"], x)[0], sample)}
     cos = lambda a, b: (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)  # noqa: E731
     result = {"texts": len(texts), "sample": len(sample), "this_cpu_saturates": int8_pairs_saturate(),
-              "onnxruntime": ort.__version__, "pair_safe_columns_rescaled": rescaled, "cosine_to_fp32": {}}
+              "onnxruntime": ort.__version__, "columns_pair_safe_rescaled": [rescaled, columns], "cosine_to_fp32": {}}
     vectors = {}
     for name, (run, which) in rows.items():
         t = time.perf_counter()
@@ -232,17 +233,23 @@ def main():
                                           "under_0.99": int((c < 0.99).sum()), "seconds": time.perf_counter() - t}
         print(f"{name} ({len(which)} texts): cosine to fp32 min {c.min():.4f} mean {c.mean():.5f}, "
               f"{(c < 0.99).sum()} under 0.99", flush=True)
-    result["uint8_weights_max_abs_diff"] = float(np.abs(vectors["ONNX Runtime, the weights made uint8"]
+    result["uint8_weights_max_abs_diff"] = float(np.abs(vectors["ONNX Runtime, the weights made uint8 (kept aside)"]
                                                         - vectors["ONNX Runtime, int8 weights as written"]).max())
     ref = vectors["ONNX Runtime, int8 weights as written, the sample"]  # batched as the evaluator's: the same scales
     result["evaluator_vs_onnxruntime_max_abs_diff"] = float(np.abs(vectors["reference evaluator, exact"] - ref).max())
+    result["pair_safe_clipped_vs_onnxruntime_max_abs_diff"] = float(np.abs(
+        vectors["reference evaluator, pair-safe, pairs clipped to int16 (simulated)"]
+        - vectors["ONNX Runtime, pair-safe, the sample"]).max())
+    result["pair_safe_pairs_clipped"] = sum(s["clipped"] for s in safe_stats.values())
     result["matmuls"] = {name: {"pairs_clipped": s["clipped"] / s["pairs"], "rms_error_over_rms_output":
                                 (s["err2"] / s["out2"]) ** 0.5} for name, s in stats.items()}
     for name, s in result["matmuls"].items():
         print(f"  {name}: {s['pairs_clipped']:.1e} of pairs clipped, rms error / rms output {s['rms_error_over_rms_output']:.3f}")
     print(f"uint8 weights vs int8: max abs diff {result['uint8_weights_max_abs_diff']:.1e}")
-    print(f"evaluator vs ONNX Runtime: max abs diff {result['evaluator_vs_onnxruntime_max_abs_diff']:.1e}; "
-          f"pair-safe: {rescaled[0]:,} of {rescaled[1]:,} columns rescaled")
+    print(f"evaluator vs ONNX Runtime: max abs diff {result['evaluator_vs_onnxruntime_max_abs_diff']:.1e}; pair-safe "
+          f"weights, clipping simulated: {result['pair_safe_pairs_clipped']} pairs clipped, max abs diff to ONNX "
+          f"Runtime {result['pair_safe_clipped_vs_onnxruntime_max_abs_diff']:.1e}; {rescaled:,} of {columns:,} "
+          "columns rescaled")
     print(write_result(args.name, result))
 
 
