@@ -9,9 +9,9 @@ to the written .npy:
 - ONNX Runtime on the same exported graph (`bertkit export`'s model.onnx: since 2026-12-06 each
   attention one Attention node) with length-sorted batches of 32 and the HF tokenizer;
 - bertkit --backend onnx-int8 (`export --int8`: dynamic int8 matmuls, outlier channels kept,
-  inputs smoothed; opened with pair-safe weights where the CPU's int8 products saturate), with its vectors' cosine to the fp32 ones and retrieval agreement: over 1,000
-  query texts, the share of each one's 10 nearest texts (cosine, among all) that fp32 and int8
-  have in common.
+  inputs smoothed; opened with pair-safe weights where the CPU's int8 products saturate), with
+  its vectors' cosine to the fp32 ones and retrieval agreement: over 1,000 query texts, the share
+  of each one's 10 nearest texts (cosine, among all) that fp32 and int8 have in common.
 
 Start-up (one sentence, the same processes) is its own figure. Rounds alternate the peers; each
 figure is the median of the rounds, with min and max, and bertkit's speed-up over each peer is

@@ -369,15 +369,12 @@ def _int8_weights(model) -> dict:
     """name -> (int8 weight (K, N), its scale) of each int8 matmul of a quantize_dynamic graph."""
     from onnx import numpy_helper
 
-    from bertkit.inference.onnx_runtime import INT8_WEIGHT_INPUTS
+    from bertkit.inference.onnx_runtime import INT8_WEIGHT_INPUTS, int8_weights
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
-    out = {}
-    for n in model.graph.node:
-        if n.op_type in INT8_WEIGHT_INPUTS:
-            w, scale, _ = INT8_WEIGHT_INPUTS[n.op_type]
-            scale = n.input[scale] if scale is not None else n.input[w].removesuffix("_quantized") + "_scale"
-            out[n.input[w]] = (inits[n.input[w]].astype(np.int32), inits[scale])
-    return out
+    found = int8_weights(model)
+    # every int8 matmul of the graph is one pair_safe_int8_weights can rescale
+    assert len(found) == sum(n.op_type in INT8_WEIGHT_INPUTS for n in model.graph.node)
+    return {w: (inits[w].astype(np.int32), inits[scale]) for w, scale in found.items()}
 
 
 def _largest_pair(b: np.ndarray) -> int:

@@ -90,18 +90,14 @@ INT8_WEIGHT_INPUTS = {"MatMulInteger": (1, None, 3), "QAttention": (1, 4, 7), "D
 PAIR_LIMIT = 128  # |w + w'| of two neighbouring int8 weights: 255 x 128 = 32,640 fits int16
 
 
-def pair_safe_int8_weights(model) -> int:
-    """Rewrite `model` (an onnx.ModelProto, in place) so that no two neighbouring int8 weights of a
-    column (rows 2i and 2i + 1, as ONNX Runtime's kernels pair them) add up past 128 in size: such a
-    column is scaled down, its weights rounded again, and its scale raised to match. The saturating
-    kernel (int8_pairs_saturate) then never clips: it computes what a CPU with VNNI computes on the
-    same weights, at int8's speed. (Weights made uint8 give exact products too, but on ONNX
-    Runtime's uint8 x uint8 kernel: 1.8-2.6x the time on the Xeons measured.) A weight computed in
-    the graph, with a zero point other than 0 or without a scale found is left as it is (never so
-    in quantize_dynamic's graphs). Returns the number of columns rescaled."""
+def int8_weights(model) -> dict[str, str]:
+    """The int8 matmul weights of `model` (an onnx.ModelProto) that pair_safe_int8_weights can
+    rescale: weight initializer -> its scale initializer, each once. A weight computed in the
+    graph, with a zero point other than 0 or without a scale found is left out (never so in
+    quantize_dynamic's graphs)."""
     from onnx import TensorProto, numpy_helper
     inits = {i.name: i for i in model.graph.initializer}
-    found = {}  # weight -> its scale's initializer, each once
+    found = {}
     for node in model.graph.node:
         w, scale, zp = INT8_WEIGHT_INPUTS.get(node.op_type, (None, None, None))
         if w is None or len(node.input) <= w or node.input[w] not in inits:
@@ -115,8 +111,21 @@ def pair_safe_int8_weights(model) -> int:
             node.input[zp] in inits and not numpy_helper.to_array(inits[node.input[zp]]).any())
         if inits[weight].data_type == TensorProto.INT8 and scale_name in inits and zero:
             found[weight] = scale_name
+    return found
+
+
+def pair_safe_int8_weights(model) -> int:
+    """Rewrite `model` (an onnx.ModelProto, in place) so that no two neighbouring int8 weights of a
+    column (rows 2i and 2i + 1, as ONNX Runtime's kernels pair them) add up past 128 in size: such a
+    column is scaled down, its weights rounded again, and its scale raised to match. The saturating
+    kernel (int8_pairs_saturate) then never clips: it computes what a CPU with VNNI computes on the
+    same weights, at int8's speed. (Weights made uint8 give exact products too, but on ONNX
+    Runtime's uint8 x uint8 kernel: 1.8-2.6x the time on the Xeons measured.) Only int8_weights
+    are touched. Returns the number of columns rescaled."""
+    from onnx import numpy_helper
+    inits = {i.name: i for i in model.graph.initializer}
     rescaled = 0
-    for weight, scale in found.items():
+    for weight, scale in int8_weights(model).items():
         b = numpy_helper.to_array(inits[weight]).astype(np.int32)  # (K, N)
         s = numpy_helper.to_array(inits[scale]).astype(np.float32)
         if b.ndim != 2 or s.size not in (1, b.shape[1]):
