@@ -1,6 +1,7 @@
 """What the benchmarks share: the machine they ran on (machine.cpu_name), a matmul's peak speed
-to take shares of, timing, figures as median with min and max, results written as JSON, and
-plots (matplotlib without a display)."""
+to take shares of, timing, figures as median with min and max, results as JSON (one file per
+benchmark, its runs keyed by CPU and date: save_result), and plots (matplotlib without a
+display)."""
 from __future__ import annotations
 
 import json
@@ -45,11 +46,30 @@ def spread(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": list(values)}
 
 
-def write_result(name: str, result: dict, folder: str | Path = RESULTS) -> Path:
-    """results/NAME.json, with the date and the CPU it was measured on."""
+def result_runs(name: str, folder: str | Path = RESULTS) -> list[dict]:
+    """The runs in results/NAME.json, oldest first ([] when there is no such file)."""
+    path = Path(folder) / f"{name}.json"
+    return json.loads(path.read_text())["runs"] if path.exists() else []
+
+
+def latest_result(name: str, folder: str | Path = RESULTS, **fields) -> dict | None:
+    """The newest run in results/NAME.json whose fields equal these (e.g. cpu=cpu_name()), or None."""
+    return next((r for r in reversed(result_runs(name, folder)) if all(r.get(k) == v for k, v in fields.items())),
+                None)
+
+
+def save_result(name: str, record: dict, folder: str | Path = RESULTS) -> Path:
+    """One run into results/NAME.json, {"runs": [...]}, with the CPU it was measured on and the date
+    (the record's own, where it has them). A run is keyed by CPU, date and `variant` (where a
+    benchmark keeps kinds of run apart, e.g. pretrain_throughput's workloads): a new run replaces
+    the one with its key and the others stay, oldest first."""
     path = Path(folder) / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"date": time.strftime("%Y-%m-%d"), "cpu": cpu_name(), **result}, indent=2) + "\n")
+    run = {"cpu": cpu_name(), "date": time.strftime("%Y-%m-%d"), **record}
+    key = lambda r: (r.get("cpu"), r.get("date"), r.get("variant"))
+    runs = [r for r in result_runs(name, folder) if key(r) != key(run)] + [run]
+    runs.sort(key=lambda r: r.get("date") or "")  # stable: same-day runs keep their order, the new one last
+    path.write_text(json.dumps({"runs": runs}, indent=2) + "\n")
     return path
 
 

@@ -102,8 +102,8 @@ def main():
               "date": time.strftime("%Y-%m-%d"), "model": "tiny preset, random weights, MiniLM's vocabulary",
               "texts": f"rotten-tomatoes training reviews, first {args.words} words, repeated",
               "batch_size": args.batch_size, **({"note": args.note} if args.note else {}), "runs": rows}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "encode_memory.json").write_text(json.dumps(result, indent=2) + "\n")
+    from common import save_result
+    save_result("encode_memory", result, args.out)
     print(f"\n{result['cpu']}\n\n| lines | peer | input MB | output MB | peak RSS MB | wall s | texts/s |\n"
           "|---|---|---|---|---|---|---|")
     for r in rows:

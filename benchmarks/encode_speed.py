@@ -26,7 +26,6 @@ peer's time is set.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -181,8 +180,8 @@ def main():
               "min_cosine_vs_bertkit": cosines,
               "mean_cosine_vs_bertkit": mean_cosines, "int8_top10_agreement_with_fp32": agreement,
               "fp32_floor": floor}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    from common import save_result
+    save_result(args.name, result, args.out)
     print(f"\n{len(texts)} sentences, MiniLM, whole processes, median of {args.rounds} (min-max)\n")
     print("| peer | seconds | bertkit's speed-up | by round (min-max) | start-up (1 sentence) s | "
           "max abs diff vs bertkit |\n|---|---|---|---|---|---|")

@@ -158,11 +158,11 @@ def main():
             row["transformers_s"] = hf_s
         rows[name if args.seed == 0 else f"{name} (seed {args.seed})"] = row
         print(json.dumps(row), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    existing = json.loads((out / "finetune.json").read_text()) if (out / "finetune.json").exists() else {}
-    existing.update(rows)
-    (out / "finetune.json").write_text(json.dumps(existing, indent=2) + "\n")
+    from common import latest_result, save_result
+    from machine import cpu_name
+    same_run = latest_result("finetune", args.out, cpu=cpu_name(), date=time.strftime("%Y-%m-%d"))
+    existing = {**(same_run["tasks"] if same_run else {}), **rows}
+    save_result("finetune", {"tasks": existing}, args.out)
     print("\n| task | data (train / eval) | metric | bertkit | transformers | bertkit time | transformers time |")
     print("|---|---|---|---|---|---|---|")
     for name, r in existing.items():

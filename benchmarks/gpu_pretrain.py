@@ -13,7 +13,6 @@ step, counted by FlopCounterMode, over the time taken, against the measured bf16
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -24,7 +23,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import matmul_peak  # noqa: E402
+from common import matmul_peak, save_result  # noqa: E402
 
 
 def sync(device):
@@ -135,10 +134,9 @@ def main():
         r = rows[name]
         print(f"{name:26}{r['sequences_per_s']:9.0f}{r['step_ms']:9.1f}{r['tflop_per_step']:12.2f}{r['mfu']:7.1%}"
               f"{'' if r['compile_s'] is None else format(r['compile_s'], '11.0f')}")
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "gpu_pretrain.json").write_text(json.dumps({
+    save_result("gpu_pretrain", {
         "device": device_name, "preset": args.preset, "torch": torch.__version__, "peak_tflop_s": peak,
-        "batch_size": B, "max_len": T, "results": rows}, indent=2) + "\n")
+        "batch_size": B, "max_len": T, "results": rows}, args.out)
 
 
 if __name__ == "__main__":

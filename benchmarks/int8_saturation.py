@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from common import encode_texts, write_result  # noqa: E402
+from common import encode_texts, save_result  # noqa: E402
 
 INT16 = (-32768, 32767)
 
@@ -250,7 +250,7 @@ def main():
           f"weights, clipping simulated: {result['pair_safe_pairs_clipped']} pairs clipped, max abs diff to ONNX "
           f"Runtime {result['pair_safe_clipped_vs_onnxruntime_max_abs_diff']:.1e}; {rescaled:,} of {columns:,} "
           "columns rescaled")
-    print(write_result(args.name, result))
+    print(save_result(args.name, result))
 
 
 if __name__ == "__main__":

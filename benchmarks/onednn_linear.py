@@ -23,7 +23,7 @@ from bertkit import kernels, model
 from bertkit.kernels.linear import linear
 from bertkit.data.registry import export
 from bertkit.inference.encode import Encoder
-from common import median_time
+from common import median_time, save_result
 from machine import cpu_name
 
 
@@ -89,9 +89,7 @@ def main():
               "speedup_over_before_by_round": [c / b for _, b, c in zip(*times.values())],
               "max_abs_diff": float(abs(fast - plain).max()),
               "max_abs_diff_vs_before": float(abs(fast - before).max()), "linear_shapes": shapes}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "onednn_linear.json").write_text(json.dumps(result, indent=2) + "\n")
+    save_result("onednn_linear", result, args.out)
     print(f"{result['cpu']}: {len(texts)} sentences, MiniLM, medians of {args.rounds} alternating rounds")
     for name, t in result["encode_s"].items():
         print(f"  {name}: {t['median']:.2f} s ({t['min']:.2f}-{t['max']:.2f})")

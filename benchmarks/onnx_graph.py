@@ -89,8 +89,8 @@ def main():
     result = {"machine": platform.machine(), "cpu": cpu_name(), "threads": torch.get_num_threads(),
               "onnxruntime": ort.__version__, "date": time.strftime("%Y-%m-%d"), "reviews": len(texts),
               "tokens": int(sum(len(e.ids) for e in encodings)), "rounds": args.rounds, "graphs": table}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "onnx_graph.json").write_text(json.dumps(result, indent=2) + "\n")
+    from common import save_result
+    save_result("onnx_graph", result, args.out)
     print(f"{len(texts)} reviews, MiniLM, one process, {args.rounds} rounds; {result['cpu']}\n")
     print("| graph | seconds, median (min-max) | lowest cosine to fused fp32 | mean cosine |\n|---|---|---|---|")
     for name, r in table.items():

@@ -10,7 +10,6 @@ PyTorch, how many predictions flip, and the evaluation time of each.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import shutil
 import sys
@@ -74,8 +73,8 @@ def main():
               "sizes_mb": {f.name: f.stat().st_size / 1e6 for f in (work / "onnx").glob("*.onnx")},
               "int8": "onnx int8: the export's (outlier channels kept, a weight scale per output channel); "
                       "the next rows: without the outlier channels, then also one weight scale per matrix"}
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "onnx_int8.json").write_text(json.dumps(result, indent=2) + "\n")
+    from common import save_result
+    save_result("onnx_int8", result, args.out)
     print("| backend | accuracy | macro-F1 | largest probability change vs PyTorch | predictions flipped | eval s |")
     print("|---|---|---|---|---|---|")
     for name, r in table.items():

@@ -8,8 +8,9 @@ compare like for like. Needs `apt-get install python3.11-doc` (`make bench-corpu
 The held-out set is 5 articles (about 3,700 predictions at [MASK]: a standard error of about 0.7
 points on the top-1 figure); one seed per corpus.
 
-Writes benchmarks/results/pretrain_corpus.json (final figures, the train/held-out gap, held-out
-curves) and docs/pretrain-corpus.png; about 11 minutes per run (35 in all).
+Adds a run (per CPU and date) to benchmarks/results/pretrain_corpus.json (final figures, the
+train/held-out gap, held-out curves) and draws docs/pretrain-corpus.png; about 11 minutes per
+run (35 in all).
 
     .venv/bin/python benchmarks/pretrain_corpus.py [--only NAME ...] [--table-only]
 """
@@ -23,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import figure, save_figure
+from common import cpu_name, figure, latest_result, save_figure, save_result
 
 RESULT = Path("benchmarks/results/pretrain_corpus.json")
 PLOT = Path("docs/pretrain-corpus.png")
@@ -85,12 +86,13 @@ def main():
     ap.add_argument("--only", nargs="+", choices=list(RUNS), help="run these (the others are kept from the JSON)")
     ap.add_argument("--table-only", action="store_true")
     args = ap.parse_args()
-    results = json.loads(RESULT.read_text()) if RESULT.exists() else {}
+    saved = latest_result(RESULT.stem, RESULT.parent, **({} if args.table_only else {"cpu": cpu_name()}))
+    results = saved["corpora"] if saved else {}
     if not args.table_only:
         for name in args.only or RUNS:
             corpus, same_vocab = RUNS[name]
             results[name] = run_one(name, corpus, same_vocab)
-            RESULT.write_text(json.dumps(results, indent=2) + "\n")
+            save_result(RESULT.stem, {"corpora": results}, RESULT.parent)
     results = {name: results[name] for name in RUNS if name in results}
     plot(results, PLOT)
     print(table(results))

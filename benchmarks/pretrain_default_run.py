@@ -2,12 +2,12 @@
 on the built-in Wikipedia sample, its 10-minute budget covering data preparation too.
 
 Runs `bertkit pretrain --out DIR` (nothing else), or reads a finished run of that command
-(--from DIR), and writes benchmarks/results/pretrain_default_run.json (the final figures,
-the held-out curve, the fill-mask and "crane" examples, the earlier default runs kept for
-reference) and docs/pretrain-default-10min.png (held-out accuracy at [MASK] and MLM loss
-against wall time, the switch to full-length pairs marked). `--pretrain-args` probes another
-recipe the same way (whole command, data preparation in the budget), `--result` and `--plot`
-put it elsewhere: the AMD EPYC's runs are in results/pretrain_default_run_epyc.json.
+(--from DIR), and adds the run to benchmarks/results/pretrain_default_run.json (the final
+figures, the held-out curve, the fill-mask and "crane" examples; one run per CPU and date, the
+earlier runs kept) and draws docs/pretrain-default-10min.png (held-out accuracy at [MASK] and MLM
+loss against wall time, the switch to full-length pairs marked). `--pretrain-args` probes another
+recipe the same way (whole command, data preparation in the budget; the run is keyed by those
+options too), `--result` and `--plot` put it elsewhere.
 
     .venv/bin/python benchmarks/pretrain_default_run.py [--from runs/pretrain-...] [--result J] [--plot P]
         [--pretrain-args "--batch-size 32"]
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import figure, save_figure
+from common import figure, save_figure, save_result
 from machine import cpu_name
 
 RESULT = "benchmarks/results/pretrain_default_run.json"
@@ -60,7 +60,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--from", dest="run", help="a finished `bertkit pretrain --out DIR` run to read, on the machine "
                                                   "that ran it (its CPU is recorded)")
-    ap.add_argument("--result", default=RESULT, help="the JSON to write (the runs it held are kept as earlier runs)")
+    ap.add_argument("--result", default=RESULT, help="the JSON to add the run to (the runs it holds are kept)")
     ap.add_argument("--plot", default=PLOT)
     ap.add_argument("--pretrain-args", default="", help="options for `bertkit pretrain` beyond --out (a probe of "
                                                         "another recipe; with --from, the options that run had)")
@@ -73,14 +73,8 @@ def main():
     config = json.loads((run / "pretrain_config.json").read_text())
     summary = json.loads((run / "summary.json").read_text())
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    earlier = []
-    if result_path.exists():
-        old = json.loads(result_path.read_text())
-        earlier = old.get("earlier_default_runs", [old.get("earlier_default_run")] if old.get("earlier_default_run") else [])
-        earlier = [{k: old[k] for k in ("command", "date", "cpu", "precision", "elapsed_s", "steps", "pairs_per_s",
-                                        "final_eval")
-                    if k in old}, *earlier]
     result = {
+        **({"variant": args.pretrain_args} if args.pretrain_args else {}),
         "command": f"bertkit pretrain {args.pretrain_args}".strip() if args.pretrain_args
                    else "bertkit pretrain (no arguments)",
         "recipe": {k: config[k] for k in ("recipe", "budget", "batch_size", "max_len", "short_len", "short_share", "lr",
@@ -95,9 +89,8 @@ def main():
         # (elapsed s, step, top-1 at [MASK], top-5 at [MASK], held-out MLM loss)
         "eval_curve": [(r["elapsed_s"], r["step"], r["eval_mlm_acc"], r["eval_mlm_top5"], r["eval_mlm_loss"])
                        for r in records if "eval_mlm_acc" in r],
-        "earlier_default_runs": earlier,
     }
-    result_path.write_text(json.dumps(result, indent=2) + "\n")
+    save_result(result_path.stem, result, result_path.parent)
     plot(records, plot_path)
     e = summary["final_eval"]
     print(f"{summary['steps']} steps in {summary['elapsed_s']:.0f} s; held-out at [MASK]: top-1 {e['eval_mlm_acc']:.3f}, "

@@ -10,10 +10,10 @@ Runs are strictly sequential: two runs sharing 2 cores slow each other down far 
     .venv/bin/python benchmarks/pretrain_recipes.py [--budget 10m] [--only "fast;textbook"]
         [--results pretrain_recipes.json] [--plot docs/pretrain-recipes.png]
 
-Writes benchmarks/results/pretrain_recipes.json, docs/pretrain-recipes.png (held-out accuracy
-at [MASK] against wall time) and prints a Markdown table for benchmarks/README.md. Each run
-trains in `bertkit pretrain`'s default precision (bf16 autocast on a CPU with native bf16), recorded
-per recipe.
+Adds a run (per CPU, date and budget) to benchmarks/results/pretrain_recipes.json, draws
+docs/pretrain-recipes.png (held-out accuracy at [MASK] against wall time) and prints a Markdown
+table for benchmarks/README.md. Each run trains in `bertkit pretrain`'s default precision (bf16
+autocast on a CPU with native bf16), recorded per recipe.
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import figure, save_figure
+from common import figure, latest_result, save_figure, save_result
 from machine import cpu_name
 
 # one change at a time from the earlier default (batch 128, 15% masking, NSP weight 1, no dropout,
@@ -124,14 +124,16 @@ def main():
     ap.add_argument("--only", help="recipe names separated by semicolons")
     ap.add_argument("--work", default="runs/recipes")
     ap.add_argument("--out", default="benchmarks/results")
-    ap.add_argument("--results", default="pretrain_recipes.json", help="file name under --out")
+    ap.add_argument("--results", default="pretrain_recipes.json",
+                    help="file name under --out (a run per CPU, date and budget)")
     ap.add_argument("--plot", default="docs/pretrain-recipes.png")
     ap.add_argument("--plot-only", action="store_true", help="redraw the plot from the runs under --work")
     args = ap.parse_args()
+    name = Path(args.results).stem
     if args.plot_only:
-        saved = json.loads((Path(args.out) / args.results).read_text())
+        saved = latest_result(name, args.out)
         saved["recipes"] = from_runs(Path(args.work), saved["recipes"])
-        (Path(args.out) / args.results).write_text(json.dumps(saved, indent=2) + "\n")
+        save_result(name, saved, args.out)
         plot(saved["recipes"], Path(args.plot), saved["budget"])
         return
     names = [n.strip() for n in args.only.split(";")] if args.only else list(RECIPES)
@@ -140,18 +142,17 @@ def main():
         ap.error(f"unknown recipes {unknown}; known: {list(RECIPES)}")
     work = Path(args.work)
     data = prepare(work)
-    results_path = Path(args.out) / args.results
-    results = json.loads(results_path.read_text())["recipes"] if results_path.exists() and args.only else {}
+    same_run = latest_result(name, args.out, cpu=cpu_name(), date=time.strftime("%Y-%m-%d"), variant=args.budget)
+    results = same_run["recipes"] if same_run and args.only else {}
     for name in names:
         results[name] = run(name, RECIPES[name], data, work, args.budget, parse_duration(args.budget))
         final = results[name]["final"]
         print(f"   {name}: {results[name]['steps']} steps, at [MASK] top-1 {final['eval_mlm_acc']:.3f} "
               f"top-5 {final['eval_mlm_top5']:.3f}, loss {final['eval_mlm_loss']:.3f}", flush=True)
-        Path(args.out).mkdir(parents=True, exist_ok=True)
-        results_path.write_text(json.dumps({
-            "budget": args.budget, "machine": platform.machine(), "cpu": cpu_name(),
+        save_result(name, {
+            "variant": args.budget, "budget": args.budget, "machine": platform.machine(), "cpu": cpu_name(),
             "threads": torch.get_num_threads(),
-            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "recipes": results}, indent=2) + "\n")
+            "torch": torch.__version__, "date": time.strftime("%Y-%m-%d"), "recipes": results}, args.out)
     plot(results, Path(args.plot), args.budget)
     print("\n| recipe | precision | steps | pairs/s | held-out top-1 at [MASK] | top-5 | random-token pos. | unchanged pos. "
           "| MLM loss | NSP acc |\n|---|---|---|---|---|---|---|---|---|---|")

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import resource
 import statistics
@@ -59,7 +58,7 @@ from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
 from bertkit.training.distributed import native_bf16
 from bertkit.training.memory import keep_freed_memory
-from common import matmul_peak
+from common import matmul_peak, save_result
 from machine import cpu_name
 
 
@@ -382,10 +381,7 @@ def main():
                    "bf16_speedup_vs_d2l_bf16": speed("bertkit, bf16 autocast", "d2l BERTModel, bf16 autocast"),
                    "bf16_speedup_vs_transformers_fp32": speed("bertkit, bf16 autocast", "transformers"),
                    "bf16_speedup_vs_transformers_bf16": speed("bertkit, bf16 autocast", "transformers, bf16 autocast")}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    suffix = "" if (args.preset, args.max_len) == ("tiny", 64) else f"_{args.preset}_{args.max_len}"
-    (out / f"pretrain_throughput{suffix}.json").write_text(json.dumps(result, indent=2) + "\n")
+    save_result("pretrain_throughput", {"variant": f"{args.preset}, length {args.max_len}", **result}, args.out)
     print(f"{result['workload']}; {torch.get_num_threads()} threads; medians of {args.steps} alternating steps")
     print(f"| | pairs/s | s/step (min-max) | GFLOP/step | GFLOP/s | MFU (of {peak:.0f} GFLOP/s) |\n|---|---|---|---|---|---|")
     for name, r in rows.items():

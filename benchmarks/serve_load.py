@@ -139,8 +139,8 @@ def main():
         finally:
             proc.terminate()
             proc.wait()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
-    (Path(args.out) / "serve_load.json").write_text(json.dumps(results, indent=2) + "\n")
+    from common import save_result
+    save_result("serve_load", results, args.out)
     print("\n| batching | clients | requests | req/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|")
     for r in results["runs"]:
         print(f"| {'on' if r['batching'] else 'off'} | {r['clients']} | {r['requests']} | {r['requests_per_s']:.1f} | "

@@ -7,7 +7,6 @@ per core, for --rounds rounds; the documents are checked equal. Writes
 results/split_workers.json.
 """
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -54,7 +53,8 @@ def main() -> None:
         print(f"{name}: one process {statistics.median(one):.1f} s ({min(one):.1f}-{max(one):.1f}), "
               f"{workers} workers {statistics.median(many):.1f} s ({min(many):.1f}-{max(many):.1f}), "
               f"by round {min(a / b for a, b in zip(one, many)):.2f}-{max(a / b for a, b in zip(one, many)):.2f}x")
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    from common import save_result
+    save_result(Path(args.out).stem, result, Path(args.out).parent)
     print(f"wrote {args.out}")
 
 

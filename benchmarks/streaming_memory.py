@@ -69,9 +69,8 @@ def main():
         row = {"copies": copies, **json.loads(res.stdout.strip().splitlines()[-1])}
         rows.append(row)
         print(json.dumps(row), flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "streaming_memory.json").write_text(json.dumps(rows, indent=2) + "\n")
+    from common import save_result
+    save_result("streaming_memory", {"rows": rows}, args.out)
     print(f"{'copies':>6}{'tokens':>12}{'shards':>8}{'anon MB (train)':>17}{'peak RSS MB':>13}")
     for r in rows:
         print(f"{r['copies']:>6}{r['tokens']:>12,}{r['shards']:>8}{r['train_rss_anon_mb_max']:>17.0f}"
