@@ -10,9 +10,10 @@ joined into one model call, run on one worker thread, off the event loop. Every 
 before a request is queued, so a bad request fails alone, with a JSON error naming the limit or
 the field.
 
-The package: the options (config.py), the folder opened for serving (served.py), the request
-bodies (schemas.py), dynamic batching (batching.py), client errors (errors.py), and the app
-with its endpoints, metrics and middleware (app.py).
+The package: the options and limits (config.py), the folder opened for serving (served.py), the
+request bodies (schemas.py), dynamic batching (batching.py), the errors and their handlers
+(errors.py), the endpoints (routes.py), the metrics (metrics.py), the middleware (middleware.py),
+and the app that puts them together (app.py).
 """
 from .app import create_app, serve
 from .config import ServeConfig

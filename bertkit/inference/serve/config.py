@@ -1,7 +1,7 @@
 """The server's options and limits."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ...errors import BertkitError
 
@@ -50,3 +50,30 @@ class ServeConfig:
             raise BertkitError(f"--batch-window-ms must be between 0 and 1000, got {self.batch_window_ms}")
         if self.backend not in ("torch", "onnx", "onnx-int8"):
             raise BertkitError(f"--backend must be torch, onnx or onnx-int8, got {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The limits requests are checked against: the options, with the model's positions applied."""
+    cfg: ServeConfig
+    tokens: int            # per text, specials included
+    attention_tokens: int  # per /attention text (with its pair)
+    attention_name: str    # what a refusal names as /attention's limit
+
+    @classmethod
+    def of(cls, cfg: ServeConfig, positions: int, folder_max_len: int | None) -> Limits:
+        # default: the tokens a sentence-transformers folder reads per text (MiniLM: 256), else the positions
+        tokens = cfg.max_tokens or min(folder_max_len or positions, positions)
+        if tokens > positions:
+            raise BertkitError(f"--max-tokens {tokens} exceeds the model's {positions} positions")
+        # /attention runs the whole text at once: past the model's positions it cannot, whatever the
+        # option says (the default 128 is over a small model's positions too), so the limit is the lower
+        attention = min(cfg.max_attention_tokens, positions)
+        name = ("--max-attention-tokens" if attention == cfg.max_attention_tokens else
+                f"the model's {positions} positions; --max-attention-tokens {cfg.max_attention_tokens} is over them")
+        return cls(cfg, tokens, attention, name)
+
+    def info(self) -> dict:
+        """The limits and batching options /info shows, with the limits in force."""
+        shown = {k: v for k, v in asdict(self.cfg).items() if k.startswith(("max_", "batch"))}
+        return {**shown, "max_tokens": self.tokens, "max_attention_tokens": self.attention_tokens}

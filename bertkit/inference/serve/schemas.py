@@ -79,6 +79,3 @@ class PredictRequest(Strict):
 class AttentionRequest(Strict):
     text: str
     text_pair: str | None = None
-
-
-# ---------------------------------------------------------------- the app

@@ -4,7 +4,6 @@ from __future__ import annotations
 from pathlib import Path
 
 
-
 class Served:
     """What the folder can do: encode always; fill-mask with a trained MLM head; predict with a
     fine-tuned task (bertkit.json); attention with the torch backend's weights."""
@@ -75,16 +74,16 @@ class Served:
                 "pooling": self.encoder.default_pooling, "fill_mask": self.mlm_model is not None,
                 "attention": True}
 
-    # each runs on the model thread, over the texts of one or more requests
+    # each runs on the model thread, over the texts of one or more requests that share the key
     def run_encode(self, key: tuple, items: list) -> list:
-        _, pooling, normalize, paired = key
+        pooling, normalize, paired = key
         texts = [t for t, _ in items]
         pairs = [p for _, p in items] if paired else None
         return list(self.encoder.encode(texts, pairs, pooling=pooling, normalize=normalize, truncation=False))
 
     def run_fill_mask(self, key: tuple, items: list) -> list:
         from ..fill_mask import fill_mask
-        return fill_mask(self.mlm_model, self.tokenizer, items, top_k=key[1])
+        return fill_mask(self.mlm_model, self.tokenizer, items, top_k=key[0])
 
     def run_predict(self, key: tuple, items: list) -> list:
         from ...tasks.runner import run_task

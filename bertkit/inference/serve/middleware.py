@@ -1,0 +1,92 @@
+"""The middleware around every request: the body size limit and the metrics' measure. Plain ASGI:
+through Starlette's BaseHTTPMiddleware an endpoint does not see its client leave."""
+from __future__ import annotations
+
+import json
+import time
+from typing import Callable
+
+
+class Measure:
+    """Every answer counted by endpoint and status, with its latency."""
+
+    def __init__(self, app, record: Callable[[str, int, float], None]):
+        self.app, self.record = app, record
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        start, status = time.perf_counter(), [500]
+
+        async def sending(message):
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
+        try:
+            await self.app(scope, receive, sending)
+        finally:  # an exception is answered 500 by the handler outside this middleware: counted here
+            self.record(scope["path"], status[0], time.perf_counter() - start)
+
+
+class BodyLimit:
+    """Refuses a request body over max_bytes with 413, by its Content-Length or, for a chunked
+    body, as soon as the bytes read pass the limit."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            return await self._refuse(send, declared.decode("latin-1"))
+        encoding = headers.get(b"content-encoding", b"identity").strip().lower()
+        if encoding not in (b"identity", b""):  # a gzip body would be read as bytes that are not JSON
+            return await self._answer(send, 415, f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted: "
+                                                 "send the body uncompressed")
+        seen, exceeded, started = 0, False, False
+
+        async def limited_receive():
+            nonlocal seen, exceeded
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    exceeded = True
+                    raise TooLarge()
+            return message
+
+        async def guarded_send(message):
+            # FastAPI turns an error while reading the body into its own 400: once the limit is
+            # passed, whatever the app answers is replaced by the 413
+            nonlocal started
+            if exceeded:
+                if message["type"] == "http.response.start" and not started:
+                    started = True
+                    await self._refuse(send, f"more than {self.max_bytes}")
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except TooLarge:
+            if not started:
+                await self._refuse(send, f"more than {self.max_bytes}")
+
+    async def _refuse(self, send, size: str):
+        await self._answer(send, 413, f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
+                                      "(--max-body-bytes)")
+
+    @staticmethod
+    async def _answer(send, status: int, error: str):
+        body = json.dumps({"error": error}).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class TooLarge(Exception):
+    pass
