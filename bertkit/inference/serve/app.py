@@ -7,6 +7,8 @@ import errno
 import socket
 from contextlib import asynccontextmanager
 
+from fastapi_offline import FastAPIOffline
+
 from ...errors import BertkitError
 from .batching import Batcher
 from .config import Limits, ServeConfig
@@ -20,8 +22,6 @@ from .served import Served
 def create_app(cfg: ServeConfig, served: Served | None = None):
     """The app serving cfg.model (or `served`, already open); its endpoints find the folder, the
     batcher, the limits and the metrics in app.state."""
-    from fastapi_offline import FastAPIOffline
-
     cfg.check()
     served = served or Served(cfg.model, cfg.backend)
     limits = Limits.of(cfg, served.config.max_position_embeddings, served.encoder.default_max_len)
