@@ -412,8 +412,8 @@ def tables(results: dict) -> dict[str, str]:
                 "| model | data | default lr | defaults | best grid lr | best | gap | gap on dev | lrs in the grid (seeds) |",
                 "|---|---|---|---|---|---|---|---|---|", *check, "", *grid]
     cv = cv_table(results, models)
-    others = ("Every run, the variants (more text, task-adaptive, ELECTRA, vocabularies) and dev are in "
-              "[docs/benchmarks.md](docs/benchmarks.md#does-pretraining-pay-off).")
+    others = ("Every run, the variants (more text, task-adaptive, ELECTRA, vocabularies) and dev are in the "
+              "tables below.")
     return {"value": "\n".join(value + [machine]), "summary": "\n".join(summary + [summary_machine, "", others]),
             "grid": "\n".join(grid + [machine]), "cv": "\n".join(cv + [machine])}
 
@@ -496,9 +496,8 @@ def _seeds(results: dict, model: str, dataset: str, setting: str) -> list[int]:
 
 
 # where `report --write` puts the tables: between <!-- pretrain-value:NAME --> and <!-- /pretrain-value:NAME -->
-WRITE_TO = {"summary": [ROOT / "README.md"], "value": [ROOT / "docs" / "benchmarks.md"],
-            "cv": [ROOT / "docs" / "benchmarks.md"],
-            "grid": [ROOT / "docs" / "finetuning.md", ROOT / "docs" / "benchmarks.md"]}
+WRITE_TO = {"summary": [ROOT / "docs" / "benchmarks.md"], "value": [ROOT / "docs" / "benchmarks.md"],
+            "cv": [ROOT / "docs" / "benchmarks.md"], "grid": [ROOT / "docs" / "finetuning.md"]}
 
 
 def write_tables(parts: dict[str, str]) -> None:
@@ -631,7 +630,7 @@ def main():
     p.add_argument("--lrs", nargs="+", type=float, help="grid: the learning rates (default: the grid); cv: lrs "
                    "to try beside the defaults")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--write", action="store_true", help="report: write the tables into README.md and docs/")
+    p.add_argument("--write", action="store_true", help="report: write the tables into docs/")
     p.add_argument("--name", help="the pretrain part's run name (default PRESET-Nm), for a variant")
     p.add_argument("--pretrain-args", nargs=argparse.REMAINDER, default=[],
                    help="more `bertkit pretrain` flags for the pretrain part (give the variant a --name)")
