@@ -121,8 +121,8 @@ def part_of(run: str, setting: str) -> str:
     return "defaults" if setting in DEFAULTS_PART.get(run, ()) else "choices"
 
 
-# entries from before this field was written: an earlier session, CPU not recorded
-EARLIER_CPU = "an earlier session (CPU not recorded)"
+# entries written before runs recorded their CPU
+EARLIER_CPU = "CPU not recorded"
 
 
 def run_one(run: str, setting: str, seed: int, model_dir: Path, data: Path, cap: int, work: Path) -> dict:
@@ -155,7 +155,8 @@ def run_one(run: str, setting: str, seed: int, model_dir: Path, data: Path, cap:
 def _argmax_f1(folder: Path, eval_file: Path) -> float:
     """Entity F1 of a BIO-decoding ner folder's saved model with each word's most likely tag
     (evaluated in fp32, as finetune evaluates)."""
-    from bertkit.finetune import load_task_model, run_task, task_max_len
+    from bertkit.tasks.folder import load_task_model, task_max_len
+    from bertkit.tasks.runner import run_task
     task, model, tok = load_task_model(folder, "ner", device="cpu")
     task.info["decode"] = "argmax"
     examples = task.read(eval_file)

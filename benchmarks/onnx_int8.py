@@ -26,7 +26,9 @@ from machine import cpu_name  # noqa: E402
 
 from bertkit.data.registry import export as export_data  # noqa: E402
 from bertkit.inference.export import ONNX, ONNX_INT8, OnnxBert, OnnxHead, HEAD_ONNX, export, quantize_int8  # noqa: E402
-from bertkit.finetune import FinetuneConfig, finetune, load_task_model, run_task  # noqa: E402
+from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
+from bertkit.tasks.folder import load_task_model  # noqa: E402
+from bertkit.tasks.runner import run_task  # noqa: E402
 
 
 def main():

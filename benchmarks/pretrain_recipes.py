@@ -118,7 +118,7 @@ def from_runs(work: Path, results: dict) -> dict:
 
 
 def main():
-    from bertkit.training.step import parse_duration
+    from bertkit.training.options import parse_duration
     ap = argparse.ArgumentParser()
     ap.add_argument("--budget", default="10m")
     ap.add_argument("--only", help="recipe names separated by semicolons")

@@ -42,7 +42,8 @@ from common import figure, save_figure
 from machine import cpu_name  # noqa: E402
 
 from bertkit.data.registry import export  # noqa: E402
-from bertkit.finetune import FinetuneConfig, evaluate_folder, finetune  # noqa: E402
+from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
+from bertkit.tasks.runner import evaluate_folder  # noqa: E402
 
 ROOT = HERE.parent
 RESULTS = HERE / "results" / "pretrain_value.json"
@@ -276,7 +277,7 @@ CORPORA = ("rt", "mix", "wn", "wng")  # the variants that name the text; the oth
 # the variants that only set --vocab-size 16384 / 32768 (the record gives the size the vocabulary reached)
 VOCABS = ("v16k", "v32k")
 DEFAULT_VOCAB = "v32k"  # --vocab-size 32768, the default since 2026-12-05 (the runs without a variant: 8,192)
-# the plot's legend and the README's rows: what each variant changes, in a few words
+# the plot's legend and the summary table's rows: what each variant changes, in a few words
 SHORT = {"rt": "wiki + RT texts", "mix": "wiki + docs + task texts", "wn": "wiki + WordNet",
          "wng": "wiki + WordNet + GCIDE", "v16k": "16k vocab", "v32k": "32k vocab", "electra": "ELECTRA",
          "tapt3m": "then 3 min on RT texts", "mask15": "15% masking", "w1": "rtd weight 1",
@@ -296,7 +297,7 @@ def _default_recipe(model: str) -> bool:
 
 
 def _in_summary(model: str) -> bool:
-    """The README's rows: MiniLM (on each CPU), and the runs with the default vocabulary (32k) of the
+    """The summary table's rows: MiniLM (on each CPU), and the runs with the default vocabulary (32k) of the
     default recipe or of a built-in corpus that paid (WordNet, GCIDE), on any CPU."""
     if is_minilm(model):
         return True
@@ -363,7 +364,7 @@ def tables(results: dict) -> dict[str, str]:
                 "(min-max) over seeds:", "", "| model | seeds | dev | test |", "|---|---|---|---|"]
         if rows:
             value += [*head, *rows, ""]
-    # the README's summary: the current default recipe (32k vocabulary) on each CPU and the corpora that
+    # the summary in docs/benchmarks.md: the current default recipe (32k vocabulary) on each CPU and the corpora that
     # paid, both data sets side by side, test split and the folds
     for model in filter(_in_summary, models):
         cells = [_test_cell(collect(results, model, dataset, "defaults", "test")) for dataset in DATASETS]

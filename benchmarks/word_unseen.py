@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import RESULTS, cpu_name  # noqa: E402
 
 from bertkit.data.registry import export  # noqa: E402
-from bertkit.finetune import FinetuneConfig, evaluate_folder, finetune  # noqa: E402
+from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
+from bertkit.tasks.runner import evaluate_folder  # noqa: E402
 
 ROOT = Path(__file__).parent.parent
 DATA = ROOT / "runs" / "data" / "wordnet-attributes"

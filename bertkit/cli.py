@@ -90,84 +90,20 @@ def cmd_encode(args) -> None:
           f"{', float16' if args.dtype == 'float16' else ''}) to {output}")
 
 
-# held-out top-1 at [MASK] below this many times always answering the most common token: the run
-# is still on the unigram plateau (a run past it: 0.159 against 0.044)
-PLATEAU_FACTOR = 1.5
-
-
 def cmd_pretrain(args) -> None:
-    from .config import PRESETS
-    from .pretraining.train import PretrainConfig, pretrain
-    from .training.options import run_flags
+    from .pretraining.recipes import PretrainConfig
+    from .pretraining.report import print_report, write_samples
+    from .pretraining.train import pretrain
+    from .training.options import flags_given
 
-    overrides = {k: getattr(args, k) for k in (
-        "corpus", "model", "vocab", "out", "recipe", "objective", "rtd_weight", "generator_layers", "mask_token_share",
-        "steps", "batch_size", "max_len", "short_len", "short_share", "dropout", "vocab_size", "mask_prob",
-        "max_predictions", "nsp_weight", "holdout_every", "eval_every", "eval_pairs")}
-    overrides.update(run_flags(args))  # the options every training run shares
-    for flag in ("whole_word", "tensorboard", "doc_per_file", "sentence_per_line", "compile"):
-        if getattr(args, flag):
-            overrides[flag] = True
-    if args.vocab_size is not None and (args.vocab or (args.model and args.model not in PRESETS)):
-        raise BertkitError("--vocab-size is the size of a vocabulary trained on the corpus; --vocab or a model "
-                           "folder brings its own, which is used whole")
-    saved = Path(args.out or "") / "pretrain_config.json"
-    if args.resume and args.out and saved.is_file():
-        # a resumed run keeps the options it was started with; flags given now override them
-        base = json.loads(saved.read_text())
-        if args.vocab_size is not None and args.vocab_size != base.get("vocab_size"):
-            raise BertkitError(f"--vocab-size {args.vocab_size}: the run in {args.out} trained its vocabulary with "
-                               f"{base.get('vocab_size')}, which a resumed run keeps")
-        overrides = {**{k: v for k, v in base.items() if k != "progress"}, **{k: v for k, v in overrides.items() if v is not None}}
     command = {"no_samples": False}  # the command's own options, which the TOML file may set too
-    if args.config:
-        cfg = PretrainConfig.from_toml(args.config, command, **overrides)
-    else:
-        cfg = PretrainConfig(**{k: v for k, v in overrides.items() if v is not None})
+    cfg = PretrainConfig.from_command(flags_given(args, PretrainConfig), args.config, command)
     summary = pretrain(cfg)
     if summary is None:  # another rank of a torchrun job: rank 0 reports
         return
-    out = Path(cfg.out)
-    print(f"bertkit: pretrained {summary['steps']} steps; model in {out}, curves in {out / 'loss.png'}")
-    train, ev = summary["final_train"], summary["final_eval"]
-    electra = cfg.objective == "electra"
-    if electra:
-        print(f"  train: generator mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}; "
-              f"detection loss {train['rtd_loss']:.3f}, accuracy {train['rtd_acc']:.3f}; "
-              f"{summary['pairs_per_s']:.0f} sentence pairs/s over {summary['elapsed_s']:.0f} s")
-    else:
-        print(f"  train: mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}, "
-              f"nsp loss {train['nsp_loss']:.3f}, nsp acc {train['nsp_acc']:.3f}; "
-              f"{summary['pairs_per_s']:.0f} sentence pairs/s over {summary['elapsed_s']:.0f} s")
-    if ev:
-        print(f"  held out: {'generator ' if electra else ''}mlm loss {ev['eval_mlm_loss']:.3f} "
-              f"(ln vocab = {summary['ln_vocab_size']:.3f}); "
-              f"at [MASK]: top-1 {ev['eval_mlm_acc']:.3f}, top-5 {ev['eval_mlm_top5']:.3f} "
-              f"(always the most common token: {ev['eval_majority_token_acc']:.3f}); "
-              f"random-token positions {ev['eval_mlm_acc_random']:.3f}, unchanged {ev['eval_mlm_acc_unchanged']:.3f}; "
-              + (f"detection accuracy {ev['eval_rtd_acc']:.3f} (always \"original\": {ev['eval_rtd_original_acc']:.3f}), "
-                 f"replaced tokens found {ev['eval_rtd_replaced_recall']:.3f}" if electra else
-                 f"nsp acc {ev['eval_nsp_acc']:.3f} (always the more common label: {ev['eval_nsp_majority_acc']:.3f})"))
-        if ev["eval_mlm_acc"] < PLATEAU_FACTOR * ev["eval_majority_token_acc"]:
-            # a mini run of 10 minutes on a slow CPU ended so: fine-tuned, it answered one label at every lr
-            print(f"bertkit: warning: the model has not left the unigram plateau (top-1 at [MASK] "
-                  f"{ev['eval_mlm_acc']:.3f}, no better than always the most common token): it ignores its "
-                  "input, a worse start for fine-tuning than random weights; give it a longer --budget or a "
-                  "smaller --model", file=sys.stderr)
+    print_report(cfg, summary)
     if not (args.no_samples or command["no_samples"]):
-        from .checkpoint import load_model
-        from .pretraining.probe import PROBE_MIN_RUN_S, report
-        from .pretraining.samples import show
-        from .pretraining.shards import TokenStore
-        from .tokenizer import WordPieceTokenizer
-
-        # fill-mask by ELECTRA's generator, whose embeddings are the model's
-        model, _ = load_model(out / "generator" if electra else out)
-        tokenizer = WordPieceTokenizer.from_folder(out)
-        shown = show(model, tokenizer, TokenStore(out / "data" / "shards" / "eval"))
-        if summary["elapsed_s"] >= PROBE_MIN_RUN_S:  # seconds of probing: worth it after minutes of training
-            shown["downstream_probe"] = report(load_model(out, heads=False)[0] if electra else model.bert, tokenizer)
-        (out / "samples.json").write_text(json.dumps(shown, indent=2) + "\n")
+        write_samples(cfg, summary)
 
 
 def cmd_fill_mask(args) -> None:
@@ -209,15 +145,12 @@ def _task_options(args) -> dict:
 
 def cmd_finetune(args) -> None:
     from .finetune import FinetuneConfig, finetune
-    from .training.options import run_flags
     from .tasks import get_task
+    from .training.options import flags_given
 
-    get_task(args.task)().check_options(_task_options(args))  # a misspelled key fails before any work
-
-    cfg = FinetuneConfig(task=args.task, model=args.model, train=args.train, eval=args.eval, out=args.out,
-                         epochs=args.epochs, batch_size=args.batch_size, max_len=args.max_len, patience=args.patience,
-                         options=_task_options(args), overwrite=args.overwrite,
-                         group_by_length=not args.shuffled_batches, **run_flags(args))
+    options = _task_options(args)
+    get_task(args.task)().check_options(options)  # a misspelled key fails before any work
+    cfg = FinetuneConfig(task=args.task, options=options, **flags_given(args, FinetuneConfig))
     summary = finetune(cfg)
     if summary is None:  # another rank of a torchrun job: rank 0 reports
         return
@@ -325,7 +258,7 @@ PRECISION_HELP = ("fp32 (default) or bf16 autocast: faster on a GPU and on a CPU
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .training.options import add_run_flags
+    from .training.options import add_flags
     p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -359,53 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     e.set_defaults(func=cmd_encode)
 
+    from .pretraining.recipes import PretrainConfig
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
     pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
-    pt.add_argument("--corpus", help="a .txt file, a folder of .txt files, wiki (default), python-docs or linux-docs "
-                                     "(Debian's documentation packages), wordnet (WordNet's glosses), gcide (a "
-                                     "dictionary of English), or a task's .jsonl/.csv/.tsv file (the texts of its "
-                                     "rows: task-adaptive pretraining); A+B adds B as training-only text")
-    pt.add_argument("--doc-per-file", action="store_true",
-                    help="each .txt file is one document (default: blank lines separate documents)")
-    pt.add_argument("--sentence-per-line", action="store_true", help=SENTENCE_PER_LINE_HELP)
-    pt.add_argument("--model", help="preset (tiny, mini, small, base, large; default tiny) or a model folder")
-    pt.add_argument("--out", help="output folder (default runs/pretrain-<time>)")
-    pt.add_argument("--recipe", choices=["fast", "textbook"],
-                    help="fast (default: batch 64, 30%% masking, NSP weight 0.25, no dropout, the first 35%% "
-                         "of the run on pairs of 32 tokens; chosen by measurement) "
-                         "or textbook (batch 512, 15%% masking, dropout 0.1); every option below overrides the recipe")
-    pt.add_argument("--objective", choices=["mlm-nsp", "electra"],
-                    help="mlm-nsp (default: BERT's masked LM + next sentence prediction) or electra (replaced-token "
-                         "detection on the samples of a small generator; saves the encoder, and the generator in "
-                         "OUT/generator)")
-    pt.add_argument("--rtd-weight", type=float, help="electra: loss = generator MLM + w x detection (default 50, "
-                                                     "the paper's)")
-    pt.add_argument("--mask-token-share", type=float,
-                    help="of the chosen tokens, the share shown as [MASK] (default 0.8; electra 1.0); half the rest "
-                         "become a random token, half stay as they were")
-    pt.add_argument("--generator-layers", type=int, help="electra: the generator's layers (default: half the model's)")
-    pt.add_argument("--steps", type=int, help="optimizer steps instead of a budget")
-    pt.add_argument("--batch-size", type=int, help="sentence pairs per step (recipe: 64, textbook 512)")
-    pt.add_argument("--max-len", type=int, help="tokens per pair (default 64)")
-    pt.add_argument("--short-len", type=int, help="tokens per pair in a first phase, with as many tokens per batch "
-                                                  "(recipe: 32; 0: one phase at --max-len)")
-    pt.add_argument("--short-share", type=float, help="share of the run in that first phase (recipe: 0.35)")
-    pt.add_argument("--dropout", type=float, help="dropout while pretraining (recipe: 0, textbook 0.1)")
-    pt.add_argument("--vocab", help="folder with vocab.txt or tokenizer.json to use instead of training one")
-    pt.add_argument("--vocab-size", type=int, help="WordPiece vocabulary to train (default 32768)")
-    pt.add_argument("--mask-prob", type=float, help="share of tokens to predict (recipe: 0.3, textbook 0.15)")
-    pt.add_argument("--max-predictions", type=int, help="per sequence (default ceil(max_len x mask_prob))")
-    pt.add_argument("--whole-word", action="store_true", help="mask all pieces of a word together")
-    pt.add_argument("--nsp-weight", type=float, help="loss = mlm + w x nsp (recipe: 0.25, textbook 1.0)")
-    pt.add_argument("--holdout-every", type=int, help="hold out every N-th document (default 20)")
-    pt.add_argument("--eval-every", type=int, help="steps between evaluations (default 100)")
-    pt.add_argument("--eval-pairs", type=int, help="held-out sentence pairs per evaluation (default 1024)")
-    pt.add_argument("--tensorboard", action="store_true", help="also write TensorBoard events to OUT/tensorboard")
-    pt.add_argument("--compile", action="store_true",
-                    help="torch.compile the model (pays on a GPU; falls back to eager if it cannot compile)")
-    add_run_flags(pt, budget="default 10m", save_every="default 100",
-                  lr="default: the recipe's from scratch or from a bertkit run that began there, 5e-5 from "
-                     "another folder", warmup="recipe: 0.05, textbook 0.1")
+    add_flags(pt, PretrainConfig, budget="default 10m", save_every="default 100",
+              lr="default: the recipe's from scratch or from a bertkit run that began there, 5e-5 from "
+                 "another folder", warmup="recipe: 0.05, textbook 0.1")
     pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples and the downstream check at the end")
     pt.set_defaults(func=cmd_pretrain)
 
@@ -418,31 +310,22 @@ def build_parser() -> argparse.ArgumentParser:
     from .tasks import TASKS
     ft = sub.add_parser("finetune", help="fine-tune a model folder for a task")
     ft.add_argument("task", choices=list(TASKS))
-    ft.add_argument("--model", required=True, help="model folder (HF layout)")
-    ft.add_argument("--train", required=True)
-    ft.add_argument("--eval", required=True)
-    ft.add_argument("--out", required=True)
-    from .tasks import DEFAULTS
+    from .tasks.options import FinetuneConfig
+    from .tasks import DEFAULTS, OPTION_KEYS
     per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
-    ft.add_argument("--epochs", type=int, help=f"default per task: {per_task('epochs')}; for a model bertkit "
-                    "pretrained from scratch, more where that is under 950 steps")
-    ft.add_argument("--batch-size", type=int, help=f"default per task: {per_task('batch_size')}")
-    ft.add_argument("--max-len", type=int, help=f"default per task: {per_task('max_len')}")
-    ft.add_argument("--patience", type=int, default=None, help="stop after N epochs without improvement")
     ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
-    from .tasks import OPTION_KEYS
     ft.add_argument("--option", action="append", metavar="KEY=VALUE",
                     help="task option, checked before anything is read: "
                          + "; ".join(f"{task}: {keys}" for task, keys in OPTION_KEYS.items()))
-    ft.add_argument("--overwrite", action="store_true",
-                    help="write into --out even when it is not empty (its files may be replaced)")
-    ft.add_argument("--shuffled-batches", action="store_true",
-                    help="plain shuffled batches instead of length-grouped ones (less padding, the default)")
-    add_run_flags(ft, budget="instead of --epochs", warmup="default 0.1", resume="give the same options",
-                  lr=f"default per task: {per_task('lr')}; for a model bertkit pretrained from scratch "
-                     "1e-3 x 128 / its hidden size",
-                  save_every="default: at each epoch's end; removed when the run completes",
-                  precision="evaluation is always fp32")
+    add_flags(ft, FinetuneConfig, budget="instead of --epochs", warmup="default 0.1", resume="give the same options",
+              lr=f"default per task: {per_task('lr')}; for a model bertkit pretrained from scratch "
+                 "1e-3 x 128 / its hidden size",
+              save_every="default: at each epoch's end; removed when the run completes",
+              precision="evaluation is always fp32",
+              epochs=f"default per task: {per_task('epochs')}; for a model bertkit pretrained from scratch, more "
+                     "where that is under 950 steps",
+              batch_size=f"default per task: {per_task('batch_size')}",
+              max_len=f"default per task: {per_task('max_len')}")
     ft.set_defaults(func=cmd_finetune)
 
     ev = sub.add_parser("evaluate", help="metrics of a fine-tuned folder on a data file, as one JSON object")

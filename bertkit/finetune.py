@@ -12,87 +12,27 @@ import dataclasses
 import json
 import math
 import shutil
-import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from .checkpoint import load_config, load_model, load_tokenizer, pretraining_origin
+from .checkpoint import load_config, load_model, load_tokenizer
 from .config import check_max_len
 from .errors import BertkitError
 from .optim import adamw
 from .outputs import check_output_folder
-from .precision import TRAINING_PRECISIONS, training_precision
+from .precision import training_precision
 from .tasks import DEFAULTS, default_epochs, get_task
 from .tasks.base import Task, TaskModel
-from .tasks.folder import OWN_HEAD, fine_tuned_task, load_task_model, save_task_model, task_max_len  # noqa: F401
-from .tasks.runner import _batches, _decode, _length_order, _mean_loss, evaluate_folder, run_task, task_outputs  # noqa: F401
-from .training.checkpoints import has_checkpoint, latest_checkpoint, read_state, restore_rng
-from .training.distributed import Processes, gradient_sync, init_processes
-from .training.log import MetricsLog, plot_losses, write_json
-from .training.loop import STOP, Job, Loop, RunClock, StepResult, changed_options, seed_rank
-from .training.options import RunOptions
-
-
-@dataclass
-class FinetuneConfig(RunOptions):
-    """A fine-tuning run's options: the shared ones of RunOptions (budget instead of epochs, lr,
-    warmup 0.1, seed, checkpoints at each epoch's end, precision), then these. The precision's
-    "auto" was chosen by the study: the same quality, 1.7x faster steps on an AMX CPU, a MiniLM
-    step 2.2x faster on a Zen 4 with AVX512_BF16; evaluation is fp32."""
-    task: str
-    model: str                     # a model folder (HF layout): pretrained BERT or a bertkit run
-    train: str
-    eval: str
-    out: str
-    # None: the task's default (tasks.DEFAULTS, chosen by the fine-tuning study)
-    epochs: int | None = None
-    batch_size: int | None = None
-    eval_batch_size: int = 64
-    max_len: int | None = None
-    patience: int | None = None    # stop after this many epochs without a better eval metric
-    group_by_length: bool = True   # batch examples of similar length together: less padding
-    options: dict = field(default_factory=dict)  # task options: head, dropout, pooling, k, doc_stride ...
-    overwrite: bool = False        # write into a non-empty --out folder
-
-    # what must not change between a run and its resumption
-    EXACT = ("task", "model", "train", "eval", "epochs", "batch_size", "lr", "max_len", "warmup", "weight_decay",
-             "clip", "group_by_length", "seed", "options", "grad_accum", "budget", "precision")
-
-    def __post_init__(self):
-        from .tasks import default_lr
-        if self.budget is not None and self.epochs is not None:  # the budget ends the run: epochs would be ignored
-            raise BertkitError("give --epochs or --budget, not both")
-        # lr below; a model bertkit pretrained takes its epochs from the training set's size, known in
-        # finetune() (tasks.default_epochs), unless a budget ends the run
-        later = {"options", "lr"}
-        if self.budget is None and pretraining_origin(self.model) is not None:
-            later.add("epochs")
-        for name, value in DEFAULTS.get(self.task, DEFAULTS["classify"]).items():
-            if name not in later and getattr(self, name) is None:
-                setattr(self, name, value)
-        if self.lr is None:  # by what the model is: a published checkpoint or one bertkit pretrained
-            self.lr = default_lr(self.task, self.model)
-        if self.warmup is None:
-            self.warmup = 0.1
-        if self.save_every is None:
-            self.save_every = 0  # at each epoch's end only
-        # named as the command line spells them: the CLI passes its options straight through
-        for name in ("epochs", "batch_size", "eval_batch_size", "max_len", "patience"):
-            value = getattr(self, name)
-            if value is None and name in ("patience", "epochs"):  # no patience; epochs: see default_epochs
-                continue
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise BertkitError(f"--{name.replace('_', '-')} must be an integer of at least 1, got {value!r}")
-        self.check_run_options()
-        if self.batch_size % self.grad_accum:
-            raise BertkitError(f"--batch-size {self.batch_size} is not divisible by --grad-accum {self.grad_accum}")
-
-# this many non-finite steps in a row stop the run: the model diverged, skipping will not help
-MAX_SKIPPED_IN_A_ROW = 5
+from .tasks.folder import load_task_model, save_task_model
+from .tasks.options import FinetuneConfig
+from .tasks.runner import decode_outputs, length_order, mean_loss, run_task, task_outputs
+from .training.checkpoints import has_checkpoint, latest_checkpoint
+from .training.distributed import Processes, gradient_sync
+from .training.log import write_json
+from .training.loop import STOP, Job, Loop, StepResult, changed_options
+from .training.run import Run, exact_options, refuse_changed
 
 
 def _json_number(value):
@@ -104,7 +44,7 @@ def _json_number(value):
     return value
 
 
-def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -> list[list[int]]:
+def epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -> list[list[int]]:
     """A shuffled epoch as batches of indices. By length: the shuffled examples are sorted by
     length within windows of 50 batches, cut into batches, and the batches shuffled again, so
     each batch pads little while the order stays random (as HF's group_by_length)."""
@@ -123,8 +63,7 @@ def _epoch_groups(feats, batch_size: int, by_length: bool, g: torch.Generator) -
 
 def _on_cpu(value):
     """`value` (tensors in lists and tuples) with its tensors on the CPU: gathered by pickling, a CUDA tensor
-    comes back on the GPU of the rank that sent it, and rank 0's decoding concatenated tensors of two GPUs
-    (classify's probabilities: an error at the first evaluation of a multi-GPU run)."""
+    comes back on the GPU of the rank that sent it, and rank 0 decodes them all together."""
     if isinstance(value, torch.Tensor):
         return value.cpu()
     if isinstance(value, (list, tuple)):
@@ -132,14 +71,14 @@ def _on_cpu(value):
     return value
 
 
-def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size: int,
+def evaluate_in_parts(task: Task, model: TaskModel, feats: list[dict], examples: list, tokenizer, batch_size: int,
               procs: Processes):
     """run_task over several processes: each rank runs a contiguous part of the (length-sorted) features, rank 0
     puts the outputs back in order and decodes them all at once (QA n-best and NER decoding see
     every feature, as in one process). Returns (predictions, mean loss) on rank 0, None elsewhere."""
     if procs.world == 1:
         return run_task(task, model, feats, examples, tokenizer, batch_size)
-    order = _length_order(task, feats, examples)
+    order = length_order(task, feats, examples)
     ordered, n = [feats[i] for i in order], len(feats)
     part = slice(procs.rank * n // procs.world, (procs.rank + 1) * n // procs.world)
     mine = task_outputs(task, model, ordered[part], tokenizer, batch_size) if part.stop > part.start else ([], [])
@@ -148,10 +87,10 @@ def _evaluate(task: Task, model: TaskModel, feats: list[dict], examples: list, t
         return None
     outputs = [o for out, _ in parts for o in out]
     losses = [x for _, loss in parts for x in loss]
-    return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
+    return decode_outputs(task, outputs, feats, examples, order), mean_loss(losses)
 
 
-class _Step(torch.nn.Module):
+class TaskStep(torch.nn.Module):
     """The task's forward as a module's: DistributedDataParallel syncs gradients only for
     computations that go through the module it wraps."""
 
@@ -161,53 +100,6 @@ class _Step(torch.nn.Module):
 
     def forward(self, batch):
         return self.task.forward(self.model, batch)
-
-
-def _options(cfg: FinetuneConfig) -> dict:
-    return {k: getattr(cfg, k) for k in FinetuneConfig.EXACT}
-
-
-def _check_out(cfg: FinetuneConfig, out: Path, log) -> Path | None:
-    """The checkpoint to resume from, or None for a new run; refuses what would lose work."""
-    if not cfg.resume:
-        if has_checkpoint(out) and not cfg.overwrite:
-            if (out / "pretrain_config.json").is_file():
-                raise BertkitError(f"{out} holds a pretraining run with checkpoints; fine-tune it into another --out "
-                                   f"(--model {out})")
-            raise BertkitError(f"{out} holds a fine-tuning run with checkpoints; pass --resume to continue it "
-                               "(or --overwrite to start again)")
-        check_output_folder(out, cfg.overwrite)
-        shutil.rmtree(out / "checkpoints", ignore_errors=True)  # an overwritten run's: never mixed with ours
-        return None
-    if (out / "pretrain_config.json").is_file():
-        raise BertkitError(f"{out} holds a pretraining run: `bertkit pretrain --resume --out {out}` continues it; "
-                           f"fine-tune it into another --out (--model {out})")
-    ckpt = latest_checkpoint(out, log)
-    if ckpt is None:
-        raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
-    saved = json.loads((ckpt / "trainer.json").read_text())["options"]
-    changed = changed_options(saved, _options(cfg), "in the checkpoint")
-    if changed:
-        raise BertkitError(f"{ckpt}: cannot resume exactly with changed options ({'; '.join(changed)})")
-    check_output_folder(out, overwrite=True)  # still writable?
-    return ckpt
-
-
-def _finished(cfg: FinetuneConfig, out: Path) -> dict | None:
-    """On --resume, the summary of a run in OUT that already ran to its end (its checkpoints are
-    removed then), so that resuming it ends at once as a resumed pretraining run does."""
-    if not cfg.resume or has_checkpoint(out):
-        return None
-    try:
-        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
-        saved = {k: summary["config"][k] for k in FinetuneConfig.EXACT}
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    changed = changed_options(saved, _options(cfg), "in the finished run")
-    if changed:
-        raise BertkitError(f"{out}: the run there is finished; a resume with changed options would not continue it "
-                           f"({'; '.join(changed)}); start a new run in another --out")
-    return summary
 
 
 def _split(rows: list, parts: int) -> list[list]:
@@ -267,7 +159,7 @@ class _FinetuneJob(Job):
         self.train_feats, self.eval_feats, self.eval_ex = train_feats, eval_feats, eval_ex
         self.metrics, self.log, self.autocast, self.out = metrics, log, autocast, out
         # a task's model may leave parameters out of its loss (the pooler under mean pooling)
-        self.net = procs.wrap(_Step(task, model), find_unused_parameters=True)
+        self.net = procs.wrap(TaskStep(task, model), find_unused_parameters=True)
         self.epoch, self.batch = (state["epoch"], state["batch"]) if state else (1, 0)
         self.best, self.best_epoch, self.stale, self.history = (
             (state["best"], state["best_epoch"], state["stale"], state["history"]) if state else (None, 0, 0, []))
@@ -275,7 +167,7 @@ class _FinetuneJob(Job):
 
     def _groups(self) -> list[list[int]]:
         g = torch.Generator().manual_seed(self.cfg.seed * 1000 + self.epoch)
-        return _epoch_groups(self.train_feats, self.cfg.batch_size, self.cfg.group_by_length, g)
+        return epoch_groups(self.train_feats, self.cfg.batch_size, self.cfg.group_by_length, g)
 
     def next_batch(self, loop: Loop) -> list[int]:
         self.batch += 1
@@ -295,7 +187,7 @@ class _FinetuneJob(Job):
     def end_epoch(self, loop: Loop) -> bool:
         # evaluated in fp32 like `bertkit evaluate`, so the best epoch is picked on the numbers it reports
         with loop.timed("eval_s"):
-            evaluated = _evaluate(self.task, self.model, self.eval_feats, self.eval_ex, self.tok,
+            evaluated = evaluate_in_parts(self.task, self.model, self.eval_feats, self.eval_ex, self.tok,
                                   self.cfg.eval_batch_size, self.procs)
         self.model.train()
         stop_early = False
@@ -336,6 +228,65 @@ class _FinetuneJob(Job):
                 f"try {self.cfg.lr / 10:g})")
 
 
+def _open_out(cfg: FinetuneConfig, run: Run) -> Path | None:
+    """The checkpoint to resume from, or None for a new run; refuses what would lose work."""
+    out = run.out
+    if not cfg.resume:
+        if has_checkpoint(out) and not cfg.overwrite:
+            if (out / "pretrain_config.json").is_file():
+                raise BertkitError(f"{out} holds a pretraining run with checkpoints; fine-tune it into another --out "
+                                   f"(--model {out})")
+            raise BertkitError(f"{out} holds a fine-tuning run with checkpoints; pass --resume to continue it "
+                               "(or --overwrite to start again)")
+        check_output_folder(out, cfg.overwrite)
+        shutil.rmtree(out / "checkpoints", ignore_errors=True)  # an overwritten run's: never mixed with ours
+        return None
+    if (out / "pretrain_config.json").is_file():
+        raise BertkitError(f"{out} holds a pretraining run: `bertkit pretrain --resume --out {out}` continues it; "
+                           f"fine-tune it into another --out (--model {out})")
+    ckpt = latest_checkpoint(out, run.log)
+    if ckpt is None:
+        raise BertkitError(f"{out}: no checkpoint to resume from (expected {out / 'checkpoints'}/step_*)")
+    refuse_changed(json.loads((ckpt / "trainer.json").read_text())["options"], cfg, "in the checkpoint", ckpt)
+    check_output_folder(out, overwrite=True)  # still writable?
+    return ckpt
+
+
+def _finished(cfg: FinetuneConfig, out: Path) -> dict | None:
+    """On --resume, the summary of a run in OUT that already ran to its end (its checkpoints are
+    removed then), so that resuming it ends at once as a resumed pretraining run does."""
+    if not cfg.resume or has_checkpoint(out):
+        return None
+    try:
+        summary = json.loads((out / "summary.json").read_text(encoding="utf-8"))
+        saved = {k: summary["config"][k] for k in FinetuneConfig.EXACT}
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    changed = changed_options(saved, exact_options(cfg), "in the finished run")
+    if changed:
+        raise BertkitError(f"{out}: the run there is finished; a resume with changed options would not continue it "
+                           f"({'; '.join(changed)}); start a new run in another --out")
+    return summary
+
+
+def _resume(cfg: FinetuneConfig, run: Run, ckpt: Path, task: Task, model: TaskModel, opt) -> dict:
+    """The run in OUT at its checkpoint: weights, optimizer, RNG and clock; refused when the
+    training file's labels are no longer those the head was trained on."""
+    resumed_task, resumed, _ = load_task_model(ckpt, cfg.task, device=run.procs.device)
+    then, now = resumed_task.info.get("labels"), task.info.get("labels")
+    if then != now:  # the training file was edited since: the head's rows would mean other labels (or
+        # not fit it: a size-mismatch traceback)
+        named = lambda xs: ", ".join(map(str, xs[:5])) + (" ..." if len(xs) > 5 else "") or "none"  # noqa: E731
+        raise BertkitError(f"{cfg.train}: its labels are not those of the run in {run.out} (new: "
+                           f"{named([x for x in now or [] if x not in then])}; gone: "
+                           f"{named([x for x in then or [] if x not in now])}); resume with the training file "
+                           "the run started with, or start a new run in another --out")
+    model.load_state_dict(resumed.state_dict())
+    state = run.resume(ckpt, opt)
+    run.log(f"resuming {run.out} at step {state['step']} (epoch {state['epoch']}, batch {state['batch']})")
+    return state
+
+
 def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict | None:
     """Fine-tune (or resume fine-tuning) a model folder for a task; returns the summary also
     written to OUT/summary.json (None on the other ranks of a torchrun job: rank 0 writes).
@@ -345,11 +296,8 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     Under torchrun each of the W processes takes its share of every batch (the same global
     batch as one process), DistributedDataParallel averages the gradients, each rank evaluates a
     part of the evaluation set and rank 0 decodes, scores and writes."""
-    clock = RunClock(timer)
-    procs = init_processes()
-    main = procs.main
-    out = Path(cfg.out)
-    log = (lambda msg: tqdm.write(f"bertkit: {msg}", file=sys.stderr)) if cfg.progress and main else (lambda msg: None)
+    run = Run(cfg, timer)
+    procs, log, out = run.procs, run.log, run.out
     # everything the user gave is checked before any work: options, then where the run writes
     # (a non-empty --out only with overwrite: a user's config.json or vocab.txt is never replaced
     # by accident), then the model folder, then the data
@@ -361,9 +309,9 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
         cfg.epochs = default_epochs(cfg.task, cfg.model, len(train_ex), cfg.batch_size)
     if (summary := _finished(cfg, out)) is not None:
         log(f"the run in {out} is finished (summary.json): nothing to resume; its model is in {out}")
-        return summary if main else None
+        return summary if procs.main else None
     # rank 0 checks --out (a check writes a probe into it), then every rank takes its answer
-    ckpt = procs.broadcast(str(_check_out(cfg, out, log) or "") if main else None)
+    ckpt = procs.broadcast(str(_open_out(cfg, run) or "") if procs.main else None)
     ckpt = Path(ckpt) if ckpt else None
     if cfg.batch_size % procs.world:
         raise BertkitError(f"--batch-size {cfg.batch_size} is not divisible by {procs.world} processes")
@@ -385,39 +333,20 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     task.check(eval_ex, cfg.eval)
     model = TaskModel(bert, task.head(bert.config, bert))
     task.init_head(model.head, bert.config)
-    device = procs.device
-    model.to(device)
-    precision = training_precision(device, cfg.precision)
+    model.to(procs.device)
+    precision = training_precision(procs.device, cfg.precision)
     train_feats = task.features(train_ex, tok, cfg.max_len)
     eval_feats = task.features(eval_ex, tok, cfg.max_len)
     log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation; "
         f"training in {precision}{' (bf16 autocast)' if precision == 'bf16' else ''}, evaluation in fp32")
 
     opt = adamw(model, cfg.lr, cfg.weight_decay)
-    state = None
-    if ckpt is not None:
-        state, tensors = read_state(ckpt)
-        resumed_task, resumed, _ = load_task_model(ckpt, cfg.task, device=device)
-        then, now = resumed_task.info.get("labels"), task.info.get("labels")
-        if then != now:  # the training file was edited since: the head's rows would mean other labels (or
-            # not fit it: a size-mismatch traceback)
-            named = lambda xs: ", ".join(map(str, xs[:5])) + (" ..." if len(xs) > 5 else "") or "none"  # noqa: E731
-            raise BertkitError(f"{cfg.train}: its labels are not those of the run in {out} (new: "
-                               f"{named([x for x in now or [] if x not in then])}; gone: "
-                               f"{named([x for x in then or [] if x not in now])}); resume with the training file "
-                               "the run started with, or start a new run in another --out")
-        model.load_state_dict(resumed.state_dict())
-        opt.load_state_dict(tensors["optimizer"])
-        if state.get("world_size", 1) == procs.world:
-            restore_rng(tensors, procs.rank, device)
-        clock.spent = state["elapsed_s"]
-        log(f"resuming {out} at step {state['step']} (epoch {state['epoch']}, batch {state['batch']})")
-    seed_rank(procs, cfg.seed, state, log)
-    if main:
+    state = _resume(cfg, run, ckpt, task, model, opt) if ckpt is not None else None
+    if procs.main:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / "finetune_config.json", dataclasses.asdict(cfg))
-    metrics_log = MetricsLog(out, resume_step=state["step"] if state else None) if main else None
-    if main and state and state["batch"]:
+    metrics_log = run.start()
+    if procs.main and state and state["batch"]:
         # a checkpoint inside its epoch (save_every can land on the epoch's last step): the epoch's
         # evaluation, if it ran before the crash, runs again
         metrics_log.drop_records(lambda r: "eval_loss" in r and r.get("epoch") == state["epoch"])
@@ -426,37 +355,40 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     per_epoch = math.ceil(len(train_feats) / cfg.batch_size)
     total = per_epoch * cfg.epochs if not cfg.budget else None
     warmup = max(1, int(cfg.warmup * total)) / total if total else cfg.warmup  # as transformers' linear schedule counts it
-    loop = Loop(job, procs, out, lr=cfg.lr, warmup=warmup, clip=cfg.clip, steps=total, budget=cfg.budget, clock=clock,
-                save_every=cfg.save_every, keep_checkpoints=cfg.keep_checkpoints, log_every=cfg.log_every,
-                options=_options(cfg), metrics=metrics_log, log=log, progress=cfg.progress,
-                how_to_continue="continue with the same command and --resume", non_finite=STOP,
-                max_bad_steps=MAX_SKIPPED_IN_A_ROW, resumed=state, schedule_can_change=False, on_step=on_step)
+    loop = run.loop(job, steps=total, warmup=warmup, how_to_continue="continue with the same command and --resume",
+                    non_finite=STOP, schedule_can_change=False, on_step=on_step)
     model.train()
     loop.run()
-    if not main:
+    if not procs.main:
         return None
+    return _finish(cfg, run, job, loop, len(train_ex), len(eval_ex), precision)
+
+
+def _finish(cfg: FinetuneConfig, run: Run, job: _FinetuneJob, loop: Loop, n_train: int, n_eval: int,
+            precision: str) -> dict:
+    """The closing files: the best epoch's model is in OUT already (or the last one, when no
+    epoch had a number to compare), the curves and summary.json; the checkpoints go."""
+    task, out = job.task, run.out
     note = None
     if job.best_epoch == 0:
         # no epoch had a number to compare: the run still ends as a model folder (the last model)
         job.best_epoch = len(job.history)
-        save_task_model(model, task, tok, out)
+        save_task_model(job.model, task, job.tok, out)
         note = (f"the evaluation {task.primary_metric} was not a number (NaN) after every epoch; "
                 f"saved the last epoch's model (epoch {job.best_epoch})")
-        log(note)
-    records = metrics_log.records()
-    plot_losses(records, out / "loss.png", [("loss", "train"), ("eval_loss", "eval")],
-                f"fine-tuning {cfg.task} from {Path(cfg.model).name}")
+        run.log(note)
+    records = run.metrics.records()
     summary = {"task": cfg.task, "best_epoch": job.best_epoch, f"best_{task.primary_metric}": job.best,
                "best_metrics": job.history[job.best_epoch - 1], "epochs_run": len(job.history), "history": job.history,
-               "train_examples": len(train_ex), "eval_examples": len(eval_ex), "steps": loop.step,
-               "skipped_steps": loop.guard.skipped, "train_s": clock(), "processes": procs.world,
+               "train_examples": n_train, "eval_examples": n_eval, "steps": loop.step,
+               "skipped_steps": loop.guard.skipped, "train_s": run.clock(), "processes": run.procs.world,
                "pairs_per_s": sum(r.get("pairs_per_s", 0) for r in records if "pairs_per_s" in r)
                / max(1, sum(1 for r in records if "pairs_per_s" in r)),
-               "device": str(device), "precision": precision, "config": dataclasses.asdict(cfg)}
+               "device": str(run.procs.device), "precision": precision, "config": dataclasses.asdict(cfg)}
     if note:
         summary["note"] = note
-    write_json(out / "summary.json", summary)
-    metrics_log.close()
+    run.finish(summary, [("loss", "train"), ("eval_loss", "eval")],
+               f"fine-tuning {cfg.task} from {Path(cfg.model).name}")
     # the run is complete and its model in OUT: the checkpoints (weights and optimizer) only served a resume
     shutil.rmtree(out / "checkpoints", ignore_errors=True)
     return summary

@@ -25,8 +25,8 @@ from .kernels.dropout import Dropout
 from .kernels.linear import POST_OP, linear, onednn_path
 
 
-# load_model replaces every weight it builds, so drawing them first is wasted (MiniLM: 0.1 s of
-# a 1.4 s `bertkit encode`). A context variable, not a patched torch class: it holds in the
+# load_model replaces every weight it builds, so drawing them first is wasted work (a tenth of
+# a short `bertkit encode`). A context variable, not a patched torch class: it holds in the
 # thread (or asyncio task) that builds the model and nowhere else.
 _DRAW_INIT = contextvars.ContextVar("bertkit_draw_init", default=True)
 

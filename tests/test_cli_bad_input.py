@@ -12,29 +12,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from bertkit import BertForPreTraining, BertModel, save_model
+from bertkit import BertForPreTraining, BertModel
 from bertkit.cli import main
-from bertkit.model import init_weights
-from bertkit.tokenizer import WordPieceTokenizer
-from helpers import hf_tester_config
 
 LIMIT = 64  # the tiny model's position limit
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory, minilm_folder):
+def models(tmp_path_factory, tiny_bert_factory):
     """tiny: 2-layer BERT with the real vocabulary and 64 positions (tiny_mlm: with MLM and NSP
     heads, for fill-mask); small_vocab: the same
     vocabulary over a 99-row embedding matrix; classifier: tiny fine-tuned for classify;
     classifier_big_vocab: that folder with a vocab.txt longer than its embeddings."""
     root = tmp_path_factory.mktemp("models")
-    tok = WordPieceTokenizer.from_folder(minilm_folder)
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # once: the three models are drawn one after another
     for name, vocab in (("tiny", 30522), ("small_vocab", 99), ("tiny_mlm", 30522)):
-        cfg = hf_tester_config(vocab_size=vocab, max_position_embeddings=LIMIT)
-        model = (BertForPreTraining if name == "tiny_mlm" else BertModel)(cfg)
-        init_weights(model, cfg)
-        save_model(model, root / name, tokenizer=tok)
+        tiny_bert_factory.folder(root / name, BertForPreTraining if name == "tiny_mlm" else BertModel, seed=None,
+                                 vocab_size=vocab, max_position_embeddings=LIMIT)
     data = root / "train.csv"
     data.write_text("text,label\n" + "a good film,pos\na bad film,neg\n" * 3)
     assert main(["finetune", "classify", "--model", str(root / "tiny"), "--train", str(data), "--eval", str(data),
@@ -355,7 +349,7 @@ def test_predict_default_max_len_fits_a_short_model(models, capsys):
     folder = models["classifier"]
     info = json.loads((folder / "bertkit.json").read_text())
     assert info["max_len"] == 32
-    from bertkit.finetune import load_task_model, task_max_len
+    from bertkit.tasks.folder import load_task_model, task_max_len
     task, model, _ = load_task_model(folder, "classify")
     task.info.pop("max_len")
     assert task_max_len(task, model, None) == LIMIT

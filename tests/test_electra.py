@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 from bertkit import BertkitError
 from bertkit.cli import main
 from bertkit.pretraining import electra
-from bertkit.pretraining.train import PretrainConfig, _phase_batches, pretrain
+from bertkit.pretraining.data import phase_batches
+from bertkit.pretraining.train import PretrainConfig, pretrain
 from helpers import torchrun
 
 
@@ -34,7 +35,7 @@ def setup(tmp_path_factory, wiki_excerpt, vocab):
     tok = WordPieceTokenizer.from_folder(vocab)
     store, _ = tokenize_corpus(iter_documents(str(wiki_excerpt)), tok, tmp_path_factory.mktemp("shards"),
                                holdout_every=0)
-    batches = _phase_batches(_cfg(wiki_excerpt, "unused", vocab=str(vocab), batch_size=64), 1, store, tok)
+    batches = phase_batches(_cfg(wiki_excerpt, "unused", vocab=str(vocab), batch_size=64), 1, store, tok)
     cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size, hidden_dropout_prob=0.0,
                             attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
@@ -268,7 +269,7 @@ def test_bert_s_80_10_10_for_the_generator_when_asked(setup, wiki_excerpt, vocab
     _, batches, tok = setup
     cfg = _cfg(wiki_excerpt, "unused", vocab=str(vocab), batch_size=64, mask_token_share=0.8)
     store = batches.store
-    _, b = next(_phase_batches(cfg, 1, store, tok).iterate())
+    _, b = next(phase_batches(cfg, 1, store, tok).iterate())
     valid = b["mlm_labels"] != -100
     seen = b["input_ids"].gather(1, b["mlm_positions"])[valid]
     masked = (seen == tok.mask_id).float().mean().item()

@@ -213,18 +213,17 @@ def test_encode_runs_in_fp32_unless_bf16_is_asked_for(minilm_folder, encoder):
         Encoder(encoder.model, encoder.tokenizer, device="cpu", precision="fp16")
 
 
-def test_predict_runs_in_fp32_by_default(minilm_folder):
-    from bertkit.finetune import run_task
+def test_predict_runs_in_fp32_by_default(minilm_folder, tiny_bert_factory):
+    from bertkit.tasks.runner import run_task
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     from bertkit.tokenizer import WordPieceTokenizer
     from bertkit import BertModel
-    from helpers import hf_tester_config
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     task = get_task("classify")()
     examples = task.read_inputs(texts=["a fine film", "dull"])
     task.fit([{**ex, "label": lab} for ex, lab in zip(examples, ["good", "bad"])], {"pooling": "cls"})
-    cfg = hf_tester_config(vocab_size=30522)
+    cfg = tiny_bert_factory.config(vocab_size=30522)
     bert = BertModel(cfg)
     model = TaskModel(bert, task.head(cfg, bert))
     feats = task.features(examples, tok, 32)

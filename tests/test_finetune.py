@@ -9,13 +9,7 @@ from bertkit import BertModel
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
-from helpers import hf_tester_config, save_tiny_bert, sentence_transformers_copy
-
-
-@pytest.fixture(scope="module")
-def tiny_bert(tmp_path_factory, minilm_folder):
-    """A 2-layer, 32-wide random BERT with the real uncased vocabulary: seconds to fine-tune."""
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
+from helpers import sentence_transformers_copy
 
 
 def _run(capsys, *argv):
@@ -43,7 +37,7 @@ def test_classify_end_to_end(tmp_path, tiny_bert, capsys):
     assert abs(sum(preds[0]["scores"].values()) - 1) < 1e-5
     # the pooler + linear head is transformers' BertForSequenceClassification: same logits there
     from transformers import BertForSequenceClassification
-    from bertkit.finetune import load_task_model
+    from bertkit.tasks.folder import load_task_model
     hf = BertForSequenceClassification.from_pretrained(str(out)).eval()
     task, model, tok = load_task_model(out)
     batch = tok.encode(["a moving film", "tedious and dull"])
@@ -126,10 +120,10 @@ def test_classify_features_of_a_text_do_not_depend_on_the_others_in_the_call(min
 
 @pytest.mark.parametrize("task_name", ["ner", "tag"])
 @pytest.mark.parametrize("invisible", ["\u200b", "\u00ad", "\ufe0f"])
-def test_zero_piece_words_do_not_shift_labels(minilm_folder, capsys, task_name, invisible):
+def test_zero_piece_words_do_not_shift_labels(minilm_folder, tiny_bert_factory, capsys, task_name, invisible):
     # a word the normaliser drops entirely has no first piece: labels and predictions must stay
     # keyed by word id, not by the k-th first piece
-    from bertkit.finetune import run_task
+    from bertkit.tasks.runner import run_task
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     tok = WordPieceTokenizer.from_folder(minilm_folder)
@@ -148,7 +142,7 @@ def test_zero_piece_words_do_not_shift_labels(minilm_folder, capsys, task_name, 
     b = labels.index("B-animal")
     assert task.decode([[[b, b], []]], feats, examples) == [["B-animal", "O", "B-animal"], ["O"]]
     # and a whole model run gives one prediction per input word, for both heads
-    cfg = hf_tester_config(vocab_size=30522, max_position_embeddings=64)
+    cfg = tiny_bert_factory.config(vocab_size=30522)
     torch.manual_seed(0)
     bert = BertModel(cfg)
     model = TaskModel(bert, task.head(cfg, bert))
@@ -377,13 +371,13 @@ def test_data_export_cli(tmp_path, capsys):
 
 
 def test_length_grouped_batches_cover_every_example_once_with_less_padding():
-    from bertkit.finetune import _epoch_groups
+    from bertkit.finetune import epoch_groups
     g = torch.Generator().manual_seed(0)
     lengths = torch.randint(5, 120, (3000,), generator=g).tolist()
     feats = [{"input_ids": [0] * n} for n in lengths]
     padded = {}
     for by_length in (False, True):
-        groups = _epoch_groups(feats, 32, by_length, torch.Generator().manual_seed(1))
+        groups = epoch_groups(feats, 32, by_length, torch.Generator().manual_seed(1))
         flat = [i for grp in groups for i in grp]
         assert sorted(flat) == list(range(3000)) and all(len(grp) <= 32 for grp in groups)
         padded[by_length] = sum(len(grp) * max(lengths[i] for i in grp) for grp in groups)
@@ -446,7 +440,7 @@ def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_orde
     """run_task batches the features by length (less padding) and hands the predictions back in
     input order: the same as decoding batches taken in input order."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.finetune import _length_order, run_task, task_outputs
+    from bertkit.tasks.runner import length_order, run_task, task_outputs
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     task = get_task(task_name)()
@@ -466,7 +460,7 @@ def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_orde
     init_weights(model.head, bert.config)
     tok = load_tokenizer(tiny_bert)
     feats = task.features(examples, tok, 64)
-    assert _length_order(task, feats, examples) != list(range(len(feats)))  # the order does change
+    assert length_order(task, feats, examples) != list(range(len(feats)))  # the order does change
     sorted_preds, _ = run_task(task, model, feats, examples, tok, batch_size=4)
     outputs, _ = task_outputs(task, model, feats, tok, batch_size=4)
     plain = task.decode(outputs, feats, examples)
@@ -488,7 +482,7 @@ def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_
     run it there only: loss, outputs and every gradient equal those of the full last layer (mean
     pooling reads every position and runs it in full)."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.finetune import _batches
+    from bertkit.tasks.runner import feature_batches
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     task = get_task(task_name)()
@@ -507,7 +501,7 @@ def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_
     model = TaskModel(bert, task.head(bert.config, bert)).eval()  # no dropout: the two runs compare
     init_weights(model.head, bert.config)
     tok = load_tokenizer(tiny_bert)
-    batch = next(iter(_batches(task.features(examples, tok, 32), task, tok, 8, "cpu")))
+    batch = next(iter(feature_batches(task.features(examples, tok, 32), task, tok, 8, "cpu")))
     assert batch["attention_mask"].eq(0).any()  # padding in the batch
     rows = []
     bert.layers[-1].ffn_in.register_forward_hook(lambda m, inp, out: rows.append(inp[0].shape[1]))
@@ -643,7 +637,7 @@ def test_evaluation_loss_does_not_depend_on_the_batch_size(tmp_path, tiny_bert, 
     batch 64 and 1.0627 at 100, on a trained classifier)."""
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export
-    from bertkit.finetune import run_task
+    from bertkit.tasks.runner import run_task
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     name, file = ("rotten-tomatoes", "train.jsonl") if task_name == "classify" else ("wnut16", "train.conll")
@@ -707,7 +701,7 @@ def test_a_head_transformers_would_run_otherwise_is_not_loaded_by_it_silently(tm
     from transformers import AutoModelForSequenceClassification
 
     from bertkit.checkpoint import load_model
-    from bertkit.finetune import load_task_model, save_task_model
+    from bertkit.tasks.folder import load_task_model, save_task_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     bert, _ = load_model(tiny_bert, heads=False)

@@ -10,32 +10,25 @@ import torch
 from safetensors.torch import load_file
 
 import bertkit.finetune
-from bertkit import BertModel, save_model
 from bertkit.errors import BertkitError
-from bertkit.finetune import MAX_SKIPPED_IN_A_ROW, FinetuneConfig, finetune
-from bertkit.model import init_weights
+from bertkit.finetune import FinetuneConfig, finetune
+from bertkit.training.loop import MAX_BAD_STEPS
 from bertkit.tasks.classify import ClassifyTask
 from bertkit.tokenizer import WordPieceTokenizer
-from helpers import hf_tester_config
 
 WORDS = ["a", "good", "great", "fine", "film", "bad", "dull", "awful", "plot"]
 ROWS = [("a good film", "pos"), ("a bad plot", "neg"), ("great fine film", "pos"), ("dull awful plot", "neg")] * 4
 
 
 @pytest.fixture(scope="module")
-def small_model(tmp_path_factory):
+def small_model(tmp_path_factory, tiny_bert_factory):
     """A 2-layer, 32-wide random BERT over a 14-token vocabulary: a fine-tuning step is milliseconds."""
     root = tmp_path_factory.mktemp("nonfinite")
     vocab = root / "vocab.txt"
     vocab.write_text("".join(t + "\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]))
     tok = WordPieceTokenizer.from_vocab(vocab, lowercase=True)
-    cfg = hf_tester_config(vocab_size=tok.vocab_size)
-    torch.manual_seed(0)
-    model = BertModel(cfg)
-    init_weights(model, cfg)
-    folder = root / "model"
-    folder.mkdir()
-    save_model(model, folder, tokenizer=tok)
+    folder = tiny_bert_factory.folder(root / "model", tokenizer=tok, vocab_size=tok.vocab_size,
+                                      max_position_embeddings=64)
     data = root / "train.csv"
     data.write_text("text,label\n" + "".join(f"{t},{lab}\n" for t, lab in ROWS))
     return folder, data
@@ -120,8 +113,8 @@ def test_nonfinite_steps_in_a_row_stop_with_lower_lr_advice(tmp_path, small_mode
     with pytest.raises(BertkitError) as err:
         _run(small_model, tmp_path / "out", epochs=3)
     msg = str(err.value)
-    assert calls["n"] == 2 + MAX_SKIPPED_IN_A_ROW
-    assert f"{MAX_SKIPPED_IN_A_ROW} steps in a row" in msg and "lower --lr" in msg and "1e-4" in msg.replace("0.0001", "1e-4")
+    assert calls["n"] == 2 + MAX_BAD_STEPS
+    assert f"{MAX_BAD_STEPS} steps in a row" in msg and "lower --lr" in msg and "1e-4" in msg.replace("0.0001", "1e-4")
 
 
 def test_skips_that_are_not_in_a_row_do_not_stop(tmp_path, small_model, monkeypatch):

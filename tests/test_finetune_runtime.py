@@ -12,7 +12,6 @@ import torch
 from safetensors.torch import load_file
 
 from bertkit.cli import main
-from helpers import save_tiny_bert
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -30,14 +29,9 @@ def data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory, minilm_folder):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
-
-
-@pytest.fixture(scope="module")
-def tiny_no_dropout(tmp_path_factory, minilm_folder):
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny0"), minilm_folder, hidden_dropout_prob=0.0,
-                          attention_probs_dropout_prob=0.0)
+def tiny_no_dropout(tmp_path_factory, tiny_bert_factory):
+    return tiny_bert_factory.folder(tmp_path_factory.mktemp("tiny0"), hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)
 
 
 def _args(model, data, out, *extra):
@@ -61,27 +55,27 @@ args.func(args)
 '''
 
 
-def test_sigkill_in_epoch_2_then_resume_equals_an_uninterrupted_run(tmp_path, tiny, data, capsys):
+def test_sigkill_in_epoch_2_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_bert, data, capsys):
     """Dropout on: the resumed run must restore the RNG, the optimizer, the schedule and the
     data position to end with the same weights and metrics. (The runs that train are processes
     of their own, with the same thread count; the ones refused or ending at once run here.)"""
     straight = tmp_path / "straight"
-    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, straight, "--log-every", "3")],
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny_bert, data, straight, "--log-every", "3")],
                          capture_output=True, text=True, env=ENV)
     assert run.returncode == 0, run.stderr[-2000:]
     killed = tmp_path / "killed"
     script = tmp_path / "kill.py"
     script.write_text(_KILL_AT)
     # 8 steps per epoch: step 11 is in epoch 2, after the checkpoint of step 10
-    run = subprocess.run([sys.executable, str(script), "11", *_args(tiny, data, killed, "--log-every", "3")],
+    run = subprocess.run([sys.executable, str(script), "11", *_args(tiny_bert, data, killed, "--log-every", "3")],
                          capture_output=True, text=True, env=ENV)
     assert run.returncode == -9, run.stderr[-2000:]
     state = json.loads(sorted((killed / "checkpoints").glob("step_*/trainer.json"))[-1].read_text())
     assert (state["step"], state["epoch"], state["batch"]) == (10, 2, 2)
     # without --resume the run is refused, nothing lost
-    assert main(_args(tiny, data, killed)) == 2 and "--resume" in capsys.readouterr().err
-    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny, data, killed, "--log-every", "3"), "--resume"],
-                         capture_output=True, text=True, env=ENV)
+    assert main(_args(tiny_bert, data, killed)) == 2 and "--resume" in capsys.readouterr().err
+    run = subprocess.run([sys.executable, "-m", "bertkit", *_args(tiny_bert, data, killed, "--log-every", "3"),
+                          "--resume"], capture_output=True, text=True, env=ENV)
     assert run.returncode == 0, run.stderr[-2000:]
     a, b = load_file(str(straight / "model.safetensors")), load_file(str(killed / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
@@ -97,21 +91,21 @@ def test_sigkill_in_epoch_2_then_resume_equals_an_uninterrupted_run(tmp_path, ti
     # with changed options it is refused
     before = {p.name: p.stat().st_mtime_ns for p in killed.iterdir()}
     capsys.readouterr()
-    assert main(_args(tiny, data, killed, "--log-every", "3", "--resume")) == 0
+    assert main(_args(tiny_bert, data, killed, "--log-every", "3", "--resume")) == 0
     assert "is finished" in capsys.readouterr().err
     assert {p.name: p.stat().st_mtime_ns for p in killed.iterdir()} == before
-    assert main(_args(tiny, data, killed, "--log-every", "3", "--resume", "--epochs", "4")) == 2
+    assert main(_args(tiny_bert, data, killed, "--log-every", "3", "--resume", "--epochs", "4")) == 2
     assert "epochs: 3 in the finished run vs 4 now" in capsys.readouterr().err
 
 
-def test_resume_refuses_changed_options(tmp_path, tiny, data, capsys):
+def test_resume_refuses_changed_options(tmp_path, tiny_bert, data, capsys):
     out = tmp_path / "run"
     script = tmp_path / "kill.py"
     script.write_text(_KILL_AT)
-    subprocess.run([sys.executable, str(script), "3", *_args(tiny, data, out)], env=ENV, capture_output=True)
-    assert main(_args(tiny, data, out, "--resume", "--lr", "1e-3")) == 2
+    subprocess.run([sys.executable, str(script), "3", *_args(tiny_bert, data, out)], env=ENV, capture_output=True)
+    assert main(_args(tiny_bert, data, out, "--resume", "--lr", "1e-3")) == 2
     assert "changed options (lr: 5e-05 in the checkpoint vs 0.001 now)" in capsys.readouterr().err
-    assert main(_args(tiny, data, tmp_path / "none", "--resume")) == 2
+    assert main(_args(tiny_bert, data, tmp_path / "none", "--resume")) == 2
     assert "no checkpoint to resume from" in capsys.readouterr().err
     # a pretraining run's folder (its checkpoints look alike) is named as one, with or without --resume
     pretraining = tmp_path / "pretraining"
@@ -119,14 +113,14 @@ def test_resume_refuses_changed_options(tmp_path, tiny, data, capsys):
     (pretraining / "checkpoints" / "step_5" / "trainer.json").write_text("{}")
     (pretraining / "pretrain_config.json").write_text("{}")
     for extra in ((), ("--resume",)):
-        assert main(_args(tiny, data, pretraining, *extra)) == 2
+        assert main(_args(tiny_bert, data, pretraining, *extra)) == 2
         assert f"{pretraining} holds a pretraining run" in capsys.readouterr().err
 
 
 def _grads(model_folder, data, grad_accum, procs=None, rows=None):
     """One global batch of 8 real reviews through accumulate_gradients; the gradients."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.finetune import _Step, accumulate_gradients
+    from bertkit.finetune import TaskStep, accumulate_gradients
     from bertkit.model import init_weights
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
@@ -141,7 +135,7 @@ def _grads(model_folder, data, grad_accum, procs=None, rows=None):
     init_weights(model.head, bert.config)
     feats = task.features(examples, tok, 64)
     procs = procs or Processes(0, 1, torch.device("cpu"))
-    net = procs.wrap(_Step(task, model), find_unused_parameters=True)
+    net = procs.wrap(TaskStep(task, model), find_unused_parameters=True)
     loss = accumulate_gradients(net, task, feats, tok, procs, grad_accum)
     return {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}, loss
 
@@ -166,7 +160,7 @@ def test_gradient_accumulation_gives_the_gradients_of_one_batch_for_every_task(t
     are not (no target: a micro-batch of only those has no loss)."""
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export
-    from bertkit.finetune import _Step, accumulate_gradients
+    from bertkit.finetune import TaskStep, accumulate_gradients
     from bertkit.model import init_weights
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
@@ -193,7 +187,7 @@ def test_gradient_accumulation_gives_the_gradients_of_one_batch_for_every_task(t
         model = TaskModel(bert, task.head(bert.config, bert))
         init_weights(model.head, bert.config)
         procs = Processes(0, 1, torch.device("cpu"))
-        net = procs.wrap(_Step(task, model), find_unused_parameters=True)
+        net = procs.wrap(TaskStep(task, model), find_unused_parameters=True)
         loss = accumulate_gradients(net, task, feats, tok, procs, grad_accum)
         results.append((loss, {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}))
     (loss1, one), *rest = results
@@ -278,13 +272,14 @@ def test_torchrun_trains_a_last_batch_smaller_than_the_ranks_as_one_process(tmp_
 _EVAL = r'''
 import json, sys, torch.distributed as dist
 from pathlib import Path
-from bertkit.finetune import _evaluate, load_task_model
+from bertkit.finetune import evaluate_in_parts
+from bertkit.tasks.folder import load_task_model
 from bertkit.training.distributed import init_processes
 procs = init_processes()
 task, model, tok = load_task_model(sys.argv[1])
 examples = task.read(sys.argv[2])
 feats = task.features(examples, tok, task.info["max_len"])
-result = _evaluate(task, model, feats, examples, tok, 4, procs)
+result = evaluate_in_parts(task, model, feats, examples, tok, 4, procs)
 if procs.main:
     Path(sys.argv[3]).write_text(json.dumps(result[0]))
 dist.barrier()  # no rank tears its group down while another still uses it
@@ -293,11 +288,12 @@ dist.destroy_process_group()
 
 
 @pytest.mark.parametrize("name", ["qa", "ner"])
-def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny, name):
+def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny_bert, name):
     """QA n-best spans over windows and NER word tags, decoded on rank 0 from both ranks' outputs."""
     from bertkit.data.registry import export
     from bertkit.data.squad_subset import squad_subset_file
-    from bertkit.finetune import load_task_model, run_task
+    from bertkit.tasks.folder import load_task_model
+    from bertkit.tasks.runner import run_task
     if name == "qa":
         squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
         squad["data"] = squad["data"][:1]
@@ -311,7 +307,7 @@ def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny, name
         path = tmp_path / "ner.conll"
         path.write_text("\n\n".join(sentences) + "\n")
         extra = []
-    assert main(["finetune", name, "--model", str(tiny), "--train", str(path), "--eval", str(path), "--out",
+    assert main(["finetune", name, "--model", str(tiny_bert), "--train", str(path), "--eval", str(path), "--out",
                  str(tmp_path / "model"), "--epochs", "1", "--batch-size", "8", *extra]) == 0
     script = tmp_path / "eval.py"
     script.write_text(_EVAL)
@@ -328,7 +324,7 @@ def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny, name
         assert split == single
 
 
-def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny, data):
+def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny_bert, data):
     """On a clock that moves 0.02 s each time it is read (a busy machine or a quiet one alike): the
     last step leaves room for the closing evaluation, and the lr has decayed to near 0 by then."""
     from bertkit.finetune import FinetuneConfig, finetune
@@ -340,7 +336,7 @@ def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny, 
             self.now += 0.02
             return self.now
     out = tmp_path / "budget"
-    cfg = FinetuneConfig(task="classify", model=str(tiny), train=str(data / "train.jsonl"),
+    cfg = FinetuneConfig(task="classify", model=str(tiny_bert), train=str(data / "train.jsonl"),
                          eval=str(data / "dev.jsonl"), out=str(out), batch_size=8, seed=1, log_every=1, budget="6s",
                          progress=False)
     summary = finetune(cfg, timer=Ticks())
@@ -354,12 +350,12 @@ def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny, 
     assert max(lrs) == pytest.approx(5e-5, rel=0.05) and lrs[-1] < max(lrs) * 2 * step_s / (6 - train[0]["elapsed_s"])
 
 
-def test_bad_runtime_options(tmp_path, tiny, data, capsys):
-    assert main(_args(tiny, data, tmp_path / "a", "--grad-accum", "3")) == 2
+def test_bad_runtime_options(tmp_path, tiny_bert, data, capsys):
+    assert main(_args(tiny_bert, data, tmp_path / "a", "--grad-accum", "3")) == 2
     assert "not divisible by --grad-accum 3" in capsys.readouterr().err
-    assert main(_args(tiny, data, tmp_path / "b", "--budget", "soon")) == 2
+    assert main(_args(tiny_bert, data, tmp_path / "b", "--budget", "soon")) == 2
     assert "budget 'soon'" in capsys.readouterr().err
-    assert main(_args(tiny, data, tmp_path / "c", "--save-every", "-1")) == 2
+    assert main(_args(tiny_bert, data, tmp_path / "c", "--save-every", "-1")) == 2
     assert "--save-every" in capsys.readouterr().err
 
 
@@ -388,7 +384,7 @@ def test_training_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16(
         distributed.training_precision(cpu, "fp16")
 
 
-def test_finetune_precision_runs_the_steps_in_bf16_and_evaluates_in_fp32(tmp_path, tiny, data, monkeypatch):
+def test_finetune_precision_runs_the_steps_in_bf16_and_evaluates_in_fp32(tmp_path, tiny_bert, data, monkeypatch):
     """--precision bf16: the training forward runs under bf16 autocast (the head sees bf16 hidden
     states), evaluation in fp32; fp32 runs no step in bf16. The choice is in summary.json."""
     from bertkit.tasks.classify import ClassifyTask
@@ -402,17 +398,17 @@ def test_finetune_precision_runs_the_steps_in_bf16_and_evaluates_in_fp32(tmp_pat
     for precision in ("bf16", "fp32"):
         seen.clear()
         out = tmp_path / precision
-        assert main(_args(tiny, data, out, "--epochs", "1", "--precision", precision)) == 0
+        assert main(_args(tiny_bert, data, out, "--epochs", "1", "--precision", precision)) == 0
         assert json.loads((out / "summary.json").read_text())["precision"] == precision
         assert {autocast for training, autocast in seen if training} == {precision == "bf16"}
         assert {autocast for training, autocast in seen if not training} == {False}  # evaluation
     from bertkit.errors import BertkitError
     from bertkit.finetune import FinetuneConfig
     with pytest.raises(BertkitError, match="--precision must be one of auto, fp32, bf16, got 'fp16'"):
-        FinetuneConfig(task="classify", model=str(tiny), train="t", eval="e", out="o", precision="fp16")
+        FinetuneConfig(task="classify", model=str(tiny_bert), train="t", eval="e", out="o", precision="fp16")
 
 
-def test_an_epochs_evaluation_run_again_after_a_resume_is_logged_once(tmp_path, tiny, data, monkeypatch, capsys):
+def test_an_epochs_evaluation_run_again_after_a_resume_is_logged_once(tmp_path, tiny_bert, data, monkeypatch, capsys):
     """--save-every can land on an epoch's last step: that checkpoint is inside the epoch, so a
     crash after the epoch's evaluation and before its end's checkpoint re-runs the evaluation on
     --resume, and metrics.jsonl had it twice."""
@@ -431,24 +427,24 @@ def test_an_epochs_evaluation_run_again_after_a_resume_is_logged_once(tmp_path, 
     out = tmp_path / "ft"
     monkeypatch.setattr(ft, "finetune", stop_after_step_8)
     with pytest.raises(Stop):  # 64 examples in batches of 8: step 8 ends epoch 1, and saves
-        main(_args(tiny, data, out, "--epochs", "1"))
+        main(_args(tiny_bert, data, out, "--epochs", "1"))
     monkeypatch.setattr(ft, "finetune", real)
     state = json.loads((out / "checkpoints" / "step_0000008" / "trainer.json").read_text())
     assert (state["epoch"], state["batch"]) == (1, 8)
     with (out / "metrics.jsonl").open("a") as f:  # the evaluation that ran before the crash
         f.write(json.dumps({"step": 8, "epoch": 1, "eval_loss": 0.7, "eval_accuracy": 0.5}) + "\n")
-    assert main(_args(tiny, data, out, "--epochs", "1", "--resume")) == 0
+    assert main(_args(tiny_bert, data, out, "--epochs", "1", "--resume")) == 0
     evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_loss" in r]
     assert [r["epoch"] for r in evals] == [1] and evals[0]["eval_loss"] != 0.7
 
 
 @pytest.mark.parametrize("stop", ["patience", "budget"])
-def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(tmp_path, tiny, data, monkeypatch,
+def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(tmp_path, tiny_bert, data, monkeypatch,
                                                                                stop):
     """A run stopped between its last checkpoint and its summary.json (a crash while plotting):
     --resume trained on past its early stop (another epoch) or its budget (a step and an
     evaluation more), as if the run had not ended."""
-    import bertkit.finetune as ft
+    import bertkit.training.run as run_module
     from bertkit.tasks.classify import ClassifyTask
     small = tmp_path / "data"
     small.mkdir()
@@ -457,14 +453,15 @@ def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(t
     # the same accuracy every epoch: patience 1 stops after epoch 2 of 4
     monkeypatch.setattr(ClassifyTask, "metrics", lambda self, preds, examples: {"accuracy": 0.5})
     out = tmp_path / "run"
-    args = _args(tiny, small, out, *(("--epochs", "4", "--patience", "1") if stop == "patience" else ("--budget", "2s")))
+    args = _args(tiny_bert, small, out,
+                 *(("--epochs", "4", "--patience", "1") if stop == "patience" else ("--budget", "2s")))
 
     class Crash(Exception):
         pass
 
     def crash(*args, **kwargs):
         raise Crash
-    monkeypatch.setattr(ft, "plot_losses", crash)
+    monkeypatch.setattr(run_module, "plot_losses", crash)
     with pytest.raises(Crash):
         main(args)
     monkeypatch.undo()
@@ -478,7 +475,7 @@ def test_resuming_a_run_that_stopped_early_or_ran_out_of_budget_trains_no_more(t
         assert summary["epochs_run"] == 2
 
 
-def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny, data, monkeypatch, capsys):
+def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny_bert, data, monkeypatch, capsys):
     """The training file edited between the stop and --resume: a new label was a size-mismatch
     traceback from load_state_dict; a label renamed (as many labels) resumed silently with the
     head's rows meaning other labels."""
@@ -499,7 +496,7 @@ def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny, dat
     out = tmp_path / "run"
     monkeypatch.setattr(ft, "finetune", stop_at_2)
     with pytest.raises(Stop):
-        main(_args(tiny, small, out, "--epochs", "1"))
+        main(_args(tiny_bert, small, out, "--epochs", "1"))
     monkeypatch.setattr(ft, "finetune", real)
     added = "".join(rows) + '{"text": "Meh.", "label": "meh"}\n'
     rename = lambda text: text.replace('"rotten"', '"bad"')  # noqa: E731
@@ -507,17 +504,17 @@ def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny, dat
                                  (rename("".join(rows)), rename(dev), "(new: bad; gone: rotten)")):
         (small / "train.jsonl").write_text(train)
         (small / "dev.jsonl").write_text(eval)
-        assert main(_args(tiny, small, out, "--epochs", "1", "--resume")) == 2
+        assert main(_args(tiny_bert, small, out, "--epochs", "1", "--resume")) == 2
         assert f"its labels are not those of the run in {out} {message}" in capsys.readouterr().err
     assert (out / "checkpoints" / "step_0000002").is_dir()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: on a CPU every output is on the CPU")
-def test_evaluation_over_ranks_gathers_outputs_on_the_cpu(tiny, data):
+def test_evaluation_over_ranks_gathers_outputs_on_the_cpu(tiny_bert, data):
     """all_gather_object pickles: a CUDA tensor comes back on the sending rank's GPU, and rank 0
     concatenated classify's probabilities from two GPUs (an error in every multi-GPU run)."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.finetune import _evaluate
+    from bertkit.finetune import evaluate_in_parts
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     from bertkit.training.distributed import Processes
@@ -532,23 +529,23 @@ def test_evaluation_over_ranks_gathers_outputs_on_the_cpu(tiny, data):
     task = get_task("classify")()
     examples = task.read(data / "dev.jsonl")[:6]
     task.fit(task.read(data / "train.jsonl"), {"pooling": "pooler"})
-    tok = load_tokenizer(tiny)
-    bert, _ = load_model(tiny, heads=False)
+    tok = load_tokenizer(tiny_bert)
+    bert, _ = load_model(tiny_bert, heads=False)
     model = TaskModel(bert, task.head(bert.config, bert)).cuda()
     procs = TwoRanks(0, 2, torch.device("cuda"))
     with pytest.raises(Gathered):
-        _evaluate(task, model, task.features(examples, tok, 64), examples, tok, 4, procs)
+        evaluate_in_parts(task, model, task.features(examples, tok, 64), examples, tok, 4, procs)
     outputs, _ = procs.sent
     assert outputs and all(t.device.type == "cpu" for t in outputs)
 
 
-def test_a_second_finetune_on_the_same_out_is_refused_and_the_first_ends_as_if_alone(tmp_path, tiny, data):
+def test_a_second_finetune_on_the_same_out_is_refused_and_the_first_ends_as_if_alone(tmp_path, tiny_bert, data):
     """Two real processes into one --out: the second (new, --overwrite or --resume) is refused by
     name while the first writes (both ended 'saved' with the second's model before the lock)."""
     import time
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = tmp_path / "ft"
-    cmd = [sys.executable, "-m", "bertkit", *_args(tiny, data, out, "--epochs", "4", "--batch-size", "2")]
+    cmd = [sys.executable, "-m", "bertkit", *_args(tiny_bert, data, out, "--epochs", "4", "--batch-size", "2")]
     first = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t = time.monotonic()
     while time.monotonic() - t < 120 and first.poll() is None and not (out / "metrics.jsonl").is_file():

@@ -107,9 +107,9 @@ def test_a_two_process_checkpoint_resumes_in_other_process_counts(tmp_path, wiki
 def test_a_rank_that_dies_stops_the_job_and_the_checkpoint_stays_loadable(tmp_path, wiki_excerpt, vocab):
     out = tmp_path / "run"
     cmd, _ = _torchrun(tmp_path, 2, _options(wiki_excerpt, vocab, out, 40))
-    t = time.monotonic()
-    run = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "KILL_RANK_AT_STEP": "1,3"}, timeout=300)
-    assert run.returncode != 0 and time.monotonic() - t < 120  # stopped, not hung until a timeout
+    # a job that hangs instead of stopping ends in TimeoutExpired
+    run = subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "KILL_RANK_AT_STEP": "1,3"}, timeout=120)
+    assert run.returncode != 0
     assert "exitcode" in run.stderr and "-9" in run.stderr  # torchrun names the rank that died
     ckpt = latest_checkpoint(out)
     assert ckpt is not None and checkpoint_problem(ckpt) is None

@@ -9,7 +9,8 @@ from safetensors.torch import load_file
 
 from bertkit import BertkitError
 from bertkit.cli import main
-from bertkit.pretraining.train import RECIPES, PretrainConfig, pretrain
+from bertkit.pretraining.recipes import RECIPES
+from bertkit.pretraining.train import PretrainConfig, pretrain
 from helpers import Stop, stop_at
 
 
@@ -469,7 +470,7 @@ def _lines_all(out):
 
 
 def test_recipes_fill_only_what_the_user_left_open(tmp_path, wiki_excerpt):
-    from bertkit.pretraining.train import RECIPES
+    from bertkit.pretraining.recipes import RECIPES
     fast = PretrainConfig(corpus=str(wiki_excerpt), out=str(tmp_path / "x"))
     assert fast.budget == 600 and fast.steps is None and fast.batch_size == RECIPES["fast"]["batch_size"]
     text = PretrainConfig(corpus=str(wiki_excerpt), out=str(tmp_path / "x"), recipe="textbook", batch_size=256)
@@ -743,18 +744,18 @@ def test_preparation_reads_a_small_corpus_once_and_a_large_one_twice(tmp_path, m
     """The vocabulary pass keeps the documents for the shards pass (sentence splitting is most
     of the preparation time); past KEEP_CHARS the corpus is read again instead. Either way the
     second pass sees the same documents."""
-    from bertkit.pretraining import train as train_module
+    from bertkit.pretraining import data as train_module
     corpus = tmp_path / "c.txt"
     corpus.write_text("One sentence here. Another one.\n\nA second document. It ends.\n\nThird one.\n")
     cfg = train_module.PretrainConfig(corpus=str(corpus), out=str(tmp_path / "out"), steps=1)
     reads = []
-    real = train_module._Documents._read
-    monkeypatch.setattr(train_module._Documents, "_read", lambda self: (reads.append(1), real(self))[1])
-    docs = train_module._Documents(cfg)
+    real = train_module.Documents._read
+    monkeypatch.setattr(train_module.Documents, "_read", lambda self: (reads.append(1), real(self))[1])
+    docs = train_module.Documents(cfg)
     first, second = list(docs), list(docs)
     assert first == second and len(first) == 3 and len(reads) == 1
-    monkeypatch.setattr(train_module._Documents, "KEEP_CHARS", 20)
-    docs = train_module._Documents(cfg)
+    monkeypatch.setattr(train_module.Documents, "KEEP_CHARS", 20)
+    docs = train_module.Documents(cfg)
     first, second = list(docs), list(docs)
     assert first == second and len(reads) == 3 and docs.kept == []
 
@@ -764,8 +765,8 @@ def test_closing_the_batch_prefetcher_waits_for_its_thread():
     # so close() returns only once the thread is gone: with its queue full, and after an error
     import itertools
     import time
-    from bertkit.pretraining.train import _Prefetch
-    full = _Prefetch(itertools.count())  # endless: the queue fills and the filler waits
+    from bertkit.training.prefetch import Prefetch
+    full = Prefetch(itertools.count())  # endless: the queue fills and the filler waits
     time.sleep(0.3)
     full.close()
     assert not full.thread.is_alive()
@@ -773,7 +774,7 @@ def test_closing_the_batch_prefetcher_waits_for_its_thread():
     def failing():
         yield 1
         raise ValueError("bad shard")
-    broken = _Prefetch(failing())
+    broken = Prefetch(failing())
     assert next(broken) == 1
     with pytest.raises(ValueError, match="bad shard"):
         next(broken)
@@ -781,17 +782,14 @@ def test_closing_the_batch_prefetcher_waits_for_its_thread():
     assert not broken.thread.is_alive()
 
 
-def test_held_out_nsp_is_reported_with_its_majority_label_baseline():
+def test_held_out_nsp_is_reported_with_its_majority_label_baseline(tiny_bert_factory):
     """A chunk of one sentence is always NotNext (as in BERT's create_pretraining_data), so held-out
     NSP pairs are not 50/50 (57% NotNext on the wiki sample at length 64): eval_nsp_acc comes with
     the accuracy of always answering the more common label."""
-    from bertkit.model import BertForPreTraining, init_weights
-    from bertkit.pretraining.train import evaluate
-    from helpers import hf_tester_config
-    cfg = hf_tester_config()
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
+    from bertkit.model import BertForPreTraining
+    from bertkit.pretraining.evaluation import evaluate
+    model = tiny_bert_factory.model(BertForPreTraining)
+    cfg = model.config
     g = torch.Generator().manual_seed(0)
     batches = []
     for nsp in ([0, 1, 1, 1], [1, 1, 0, 1]):
@@ -803,19 +801,16 @@ def test_held_out_nsp_is_reported_with_its_majority_label_baseline():
     assert result["eval_nsp_majority_acc"] == 6 / 8 and result["eval_pairs"] == 8
 
 
-def test_held_out_mlm_loss_at_mask_positions_is_reported_apart():
+def test_held_out_mlm_loss_at_mask_positions_is_reported_apart(tiny_bert_factory):
     """The held-out MLM loss averages every predicted position, the unchanged ones a model can copy
     included; eval_mlm_loss_mask is the loss at [MASK] positions alone (by hand here), the figure a
     baseline that cannot copy compares with."""
     import torch.nn.functional as F
 
-    from bertkit.model import BertForPreTraining, init_weights
-    from bertkit.pretraining.train import evaluate
-    from helpers import hf_tester_config
-    cfg = hf_tester_config()
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg).eval()
-    init_weights(model, cfg)
+    from bertkit.model import BertForPreTraining
+    from bertkit.pretraining.evaluation import evaluate
+    model = tiny_bert_factory.model(BertForPreTraining).eval()
+    cfg = model.config
     g = torch.Generator().manual_seed(1)
     original = torch.randint(5, cfg.vocab_size, (3, 10), generator=g)
     ids = original.clone()

@@ -149,23 +149,22 @@ def test_resuming_pretraining_from_a_fine_tuning_checkpoint_is_refused_by_name(t
     import json
 
     from bertkit import BertkitError
-    from bertkit.pretraining.train import PretrainConfig, _check_resumable
+    from bertkit.pretraining.train import PretrainConfig, check_resumable
     ckpt = tmp_path / "ft" / "checkpoints" / "step_0000003"
     ckpt.mkdir(parents=True)
     cfg = PretrainConfig(corpus="wiki", out=str(tmp_path / "ft"), steps=2)
     for state in ({"step": 3, "files": {}}, {"step": 3, "options": {"task": "classify", "epochs": 3}, "files": {}}):
         (ckpt / "trainer.json").write_text(json.dumps(state))
         with pytest.raises(BertkitError, match="is not a checkpoint of `bertkit pretrain`"):
-            _check_resumable(ckpt, cfg, None)
+            check_resumable(ckpt, cfg, None)
 
 
-def test_a_model_folder_of_one_segment_type_is_refused_before_any_tokenizing(tmp_path, minilm_folder):
+def test_a_model_folder_of_one_segment_type_is_refused_before_any_tokenizing(tmp_path, tiny_bert_factory):
     """Pretraining a type_vocab_size 1 folder tokenized the corpus, then hit an IndexError inside
     torch at the first sentence pair (segment 1 has no embedding)."""
     from bertkit import BertkitError
     from bertkit.pretraining.train import PretrainConfig, pretrain
-    from helpers import save_tiny_bert
-    folder = save_tiny_bert(tmp_path / "one_type", minilm_folder, type_vocab_size=1)
+    folder = tiny_bert_factory.folder(tmp_path / "one_type", type_vocab_size=1)
     corpus = tmp_path / "c.txt"
     corpus.write_text("The cat sat. It slept.\n\nA dog ran. It barked.\n")
     with pytest.raises(BertkitError, match="type_vocab_size is 1, but pretraining's sentence pairs need two"):

@@ -1,6 +1,8 @@
 """The progress bar where stderr is a file or a pipe: whole lines, at most one per interval."""
 import io
 
+import pytest
+
 from bertkit.training.log import _Lines, progress_bar
 
 
@@ -57,15 +59,18 @@ def test_a_line_is_not_repeated_and_only_the_closing_newline_writes_the_last_sta
 def test_work_between_steps_is_left_out_of_the_bars_rate_and_eta():
     """An evaluation or a checkpoint between steps stops the bar's clock (Loop.bar_paused): the
     bar's elapsed time, its steps per second and its ETA are the steps' own."""
-    import time
     import types
 
     from bertkit.training.loop import Loop
 
+    now = [100.0]  # the bar's clock, driven here
     bar = progress_bar(True, total=4, unit="step")
+    bar._time = lambda: now[0]
+    bar.start_t = bar.last_print_t = now[0]
+    now[0] += 1.0  # two steps
     bar.update(2)
     with Loop.bar_paused(types.SimpleNamespace(bar=bar)):
-        time.sleep(0.5)  # an evaluation
-    assert bar.format_dict["elapsed"] < 0.25
+        now[0] += 30.0  # an evaluation
+    assert bar.format_dict["elapsed"] == pytest.approx(1.0)
     bar.update(2)
     bar.close()

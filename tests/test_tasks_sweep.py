@@ -6,7 +6,6 @@ from bertkit import BertkitError
 from bertkit.tasks import get_task
 from bertkit.tasks.base import TaskModel
 from bertkit.tokenizer import WordPieceTokenizer
-from helpers import save_tiny_bert
 
 
 def test_word_targets_that_are_chinese_characters_are_reachable(minilm_folder):
@@ -19,12 +18,12 @@ def test_word_targets_that_are_chinese_characters_are_reachable(minilm_folder):
     assert labels == [tok.token_to_id("中"), tok.token_to_id("size")] and -100 not in labels
 
 
-def test_word_task_runs_on_a_model_whose_embeddings_outnumber_the_tokenizers_ids(tmp_path, minilm_folder):
+def test_word_task_runs_on_a_model_whose_embeddings_outnumber_the_tokenizers_ids(tmp_path, tiny_bert_factory):
     """A vocabulary padded to a multiple of 8 (config vocab_size 30528, 30522 tokens) is a valid
     folder; the word task's candidate mask (one per token id) did not broadcast over its logits."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.finetune import run_task
-    folder = save_tiny_bert(tmp_path / "padded", minilm_folder, vocab_size=30528)
+    from bertkit.tasks.runner import run_task
+    folder = tiny_bert_factory.folder(tmp_path / "padded", vocab_size=30528)
     tok, (bert, _) = load_tokenizer(folder), load_model(folder, heads=False)
     task = get_task("word")()
     examples = [{"text": "large", "word": "size"}, {"text": "very heavy", "word": "weight"}]
@@ -50,7 +49,7 @@ def test_qa_max_answer_len_past_the_window_is_no_limit_not_out_of_memory(minilm_
     assert best_spans(S, E, f, examples, max_answer_len=10**12) == want
 
 
-def test_a_fine_tuned_folders_task_options_are_checked_when_it_is_loaded(tmp_path, minilm_folder):
+def test_a_fine_tuned_folders_task_options_are_checked_when_it_is_loaded(tmp_path, tiny_bert):
     """bertkit.json's task options were used unchecked: "k": 0 gave every document an empty
     summary (ROUGE 0, no error), "n_best": "5" a ValueError from deep inside decoding."""
     import json
@@ -59,9 +58,8 @@ def test_a_fine_tuned_folders_task_options_are_checked_when_it_is_loaded(tmp_pat
 
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.errors import BertkitError
-    from bertkit.finetune import load_task_model, save_task_model
-    folder = save_tiny_bert(tmp_path / "base", minilm_folder)
-    tok, (bert, _) = load_tokenizer(folder), load_model(folder, heads=False)
+    from bertkit.tasks.folder import load_task_model, save_task_model
+    tok, (bert, _) = load_tokenizer(tiny_bert), load_model(tiny_bert, heads=False)
     task = get_task("summarize")()
     task.fit([{"sentences": ["A cat sat.", "It slept."], "labels": [1, 0]}], {"k": 2, "max_len": 64})
     save_task_model(TaskModel(bert, task.head(bert.config, bert)), task, tok, tmp_path / "m")

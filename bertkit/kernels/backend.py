@@ -14,8 +14,8 @@ def onednn_linear_pays() -> bool:
     """Where oneDNN's fp32 linear was measured faster than MKL's: CPUs with AVX-512 (AMD Zen 4
     and later, Intel Xeons; MiniLM encode 1.15x on a Zen 4, 1.07x on a Xeon). AVX2 CPUs keep MKL:
     on a quiet AMD Zen 2 oneDNN was 0.91-0.95x MKL in one process and 0.96-0.98x in whole
-    encode processes (benchmarks/results/onednn_linear_zen2.json, encode_speed_zen2.json; an earlier
-    1.11-1.23x came from a CPU shared with a pretraining run). BERTKIT_ONEDNN_LINEAR=0 keeps MKL
+    encode processes (the Zen 2 runs in benchmarks/results/onednn_linear.json and encode_speed.json;
+    on a CPU shared with other work the ratio is not to be trusted). BERTKIT_ONEDNN_LINEAR=0 keeps MKL
     anywhere (to compare the two)."""
     if os.environ.get("BERTKIT_ONEDNN_LINEAR", "").strip() == "0":
         return False

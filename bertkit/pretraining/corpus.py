@@ -147,7 +147,7 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
                 _built_in_reader(part)
         return None
     found = 0
-    files = _corpus_files(Path(source))
+    files = corpus_files(Path(source))
     if any(stat.S_ISFIFO(f.stat().st_mode) for f in files):  # a named pipe is read once: by the run itself
         return None
     for f in files:
@@ -333,7 +333,7 @@ def iter_documents(source: str | Path, per_file: bool = False, per_line: bool = 
         first, *added = (iter_documents(part, per_file, per_line) for part in str(source).split("+"))
         return itertools.chain(first, *(map(TrainOnly, docs) for docs in added))
     # Checked here, not lazily, so a bad path fails at the call rather than the first batch.
-    return _files_documents(_corpus_files(Path(source)), per_file, per_line)
+    return _files_documents(corpus_files(Path(source)), per_file, per_line)
 
 
 def _is_joined(source: str | Path) -> bool:
@@ -360,7 +360,7 @@ def check_sentence_per_line(source: str | Path) -> None:
                            "split into sentences by bertkit")
 
 
-def _corpus_files(path: Path) -> list[Path]:
+def corpus_files(path: Path) -> list[Path]:
     """A corpus file, or a folder's .txt files."""
     if path.is_dir():
         files = sorted(p for p in path.rglob("*.txt") if p.is_file())

@@ -26,10 +26,10 @@ from ..files import atomic_write
 from .. import kernels
 from ..kernels.cross_entropy import MLM_ROWS_MULTIPLE, LinearCrossEntropy, sample_rows
 from ..model import BertForPreTraining, BertModel, Linear, init_weights
-from ..training.distributed import gradient_sync, micro_batches
+from ..training.distributed import accumulate
 from .masking import prediction_kinds
+from .recipes import RTD_WEIGHT
 
-RTD_WEIGHT = 50.0  # the paper's lambda: a token's detection loss is far smaller than a masked token's MLM loss
 GENERATOR = "generator"  # the generator's folder inside a run's folder and its checkpoints
 CHUNK = 512  # rows of the generator's logits at a time (the fused loss's chunk)
 RTD_HEAD = "rtd_head.safetensors"  # the detection head, in checkpoints only (the saved model is the encoder)
@@ -167,27 +167,26 @@ def restore(model: ElectraForPreTraining, folder: Path) -> None:
 
 def accumulate_gradients(net, batch: dict, *, n_predictions: int, n_tokens: int, grad_accum: int, world: int,
                          mask_id: int, autocast) -> torch.Tensor:
-    """As pretraining's accumulate_gradients, for ELECTRA: forward and backward over this rank's
-    rows in `grad_accum` micro-batches, each loss a share of the global batch's (MLM over its
-    predictions, detection over its tokens). Returns, summed and kept on the device: the MLM and
-    detection losses, hits and counts at [MASK], random and unchanged positions (the generator's),
-    the detection's right calls and tokens, and the replaced tokens and the right calls there."""
-    stats = torch.zeros(12, dtype=torch.float64, device=batch["input_ids"].device)
-    for mb, last in micro_batches(batch, grad_accum):
-        with gradient_sync(net, world, last), autocast:
-            o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
-                    mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
-                    mlm_denominator=n_predictions / world, rtd_denominator=n_tokens / world)
-            o.loss.backward()
-        with torch.no_grad():
-            kinds = prediction_kinds(mb["input_ids"], mb["mlm_positions"], mb["mlm_labels"], mask_id)
-            tokens = mb["attention_mask"].bool()
-            stats += torch.stack([
-                o.mlm_loss.double() / world, o.rtd_loss.double() / world,
-                *[x for k in kinds for x in ((o.mlm_correct & k).sum().double(), k.sum().double())],
-                o.rtd_correct.sum().double(), tokens.sum().double(),
-                (o.rtd_correct & o.replaced).sum().double(), o.replaced.sum().double()])
-    return stats
+    """As pretraining's accumulate_gradients, for ELECTRA: each micro-batch's loss a share of the
+    global batch's (MLM over its predictions, detection over its tokens). Returns, summed and kept
+    on the device: the MLM and detection losses, hits and counts at [MASK], random and unchanged
+    positions (the generator's), the detection's right calls and tokens, and the replaced tokens
+    and the right calls there."""
+    def forward(mb):
+        o = net(mb["input_ids"], mb["token_type_ids"], mb["attention_mask"],
+                mlm_positions=mb["mlm_positions"], mlm_labels=mb["mlm_labels"],
+                mlm_denominator=n_predictions / world, rtd_denominator=n_tokens / world)
+        return o.loss, o
+
+    def count(mb, o):
+        kinds = prediction_kinds(mb["input_ids"], mb["mlm_positions"], mb["mlm_labels"], mask_id)
+        tokens = mb["attention_mask"].bool()
+        return torch.stack([
+            o.mlm_loss.double() / world, o.rtd_loss.double() / world,
+            *[x for k in kinds for x in ((o.mlm_correct & k).sum().double(), k.sum().double())],
+            o.rtd_correct.sum().double(), tokens.sum().double(),
+            (o.rtd_correct & o.replaced).sum().double(), o.replaced.sum().double()])
+    return accumulate(net, batch, grad_accum, world, autocast, forward, count)
 
 
 @torch.no_grad()

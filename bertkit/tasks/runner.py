@@ -9,7 +9,7 @@ from .base import Task, TaskModel
 from .folder import load_task_model, task_max_len
 
 
-def _batches(feats, task, tokenizer, batch_size, device, groups=None):
+def feature_batches(feats, task, tokenizer, batch_size, device, groups=None):
     groups = groups or [list(range(s, min(s + batch_size, len(feats)))) for s in range(0, len(feats), batch_size)]
     for group in groups:
         yield {k: v.to(device) for k, v in task.collate([feats[i] for i in group], tokenizer).items()}
@@ -20,7 +20,7 @@ def _batches(feats, task, tokenizer, batch_size, device, groups=None):
 def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, batch_size=64,
                  precision: str = "fp32") -> tuple[list, list[tuple[float, int]]]:
     """The task's raw outputs per batch, and when the features carry targets each batch's
-    (loss x loss units, loss units): _mean_loss weighs the batches by what their losses average
+    (loss x loss units, loss units): mean_loss weighs the batches by what their losses average
     over, so the mean does not depend on the batch size (a short last batch counted as a full one)."""
     was_training = model.training
     model.eval()
@@ -28,7 +28,7 @@ def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, bat
     autocast = precision_context(device, precision)
     outputs, losses = [], []
     groups = [list(range(s, min(s + batch_size, len(feats)))) for s in range(0, len(feats), batch_size)]
-    for group, batch in zip(groups, _batches(feats, task, tokenizer, batch_size, device, groups)):
+    for group, batch in zip(groups, feature_batches(feats, task, tokenizer, batch_size, device, groups)):
         with autocast:
             loss, out = task.forward(model, batch)
         outputs.append(out)
@@ -39,11 +39,11 @@ def task_outputs(task: Task, model: TaskModel, feats: list[dict], tokenizer, bat
     return outputs, losses
 
 
-def _mean_loss(losses: list[tuple[float, int]]) -> float | None:
+def mean_loss(losses: list[tuple[float, int]]) -> float | None:
     return sum(s for s, _ in losses) / sum(n for _, n in losses) if losses else None
 
 
-def _length_order(task: Task, feats: list[dict], examples: list) -> list[int]:
+def length_order(task: Task, feats: list[dict], examples: list) -> list[int]:
     """The order evaluation runs the features in: by length where each feature is its example
     (batches of similar length pad little: predictions come back in input order), else as given."""
     if task.feature_per_example and len(feats) == len(examples):
@@ -51,7 +51,7 @@ def _length_order(task: Task, feats: list[dict], examples: list) -> list[int]:
     return list(range(len(feats)))
 
 
-def _decode(task: Task, outputs: list, feats: list[dict], examples: list, order: list[int]) -> list:
+def decode_outputs(task: Task, outputs: list, feats: list[dict], examples: list, order: list[int]) -> list:
     """task.decode over outputs computed in `order`, the predictions in input order."""
     if order == list(range(len(feats))):
         return task.decode(outputs, feats, examples)
@@ -67,9 +67,9 @@ def run_task(task: Task, model: TaskModel, feats: list[dict], examples: list, to
     """Predictions (and the mean loss when the features carry targets) over all features, in
     length-sorted batches. fp32 by default, also on a GPU: bf16 moves scores and can flip close
     predictions."""
-    order = _length_order(task, feats, examples)
+    order = length_order(task, feats, examples)
     outputs, losses = task_outputs(task, model, [feats[i] for i in order], tokenizer, batch_size, precision)
-    return _decode(task, outputs, feats, examples, order), _mean_loss(losses)
+    return decode_outputs(task, outputs, feats, examples, order), mean_loss(losses)
 
 
 def evaluate_folder(task_name: str, folder, data_path, batch_size: int = 64, max_len: int | None = None,

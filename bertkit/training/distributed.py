@@ -99,6 +99,22 @@ def micro_batches(batch: dict, grad_accum: int):
         yield {k: v[i * micro:(i + 1) * micro] for k, v in batch.items()}, i == grad_accum - 1
 
 
+def accumulate(net: torch.nn.Module, batch: dict, grad_accum: int, world: int, autocast, forward, count) -> torch.Tensor:
+    """Forward and backward over this rank's rows of a global batch in `grad_accum` micro-batches,
+    the gradients averaged across ranks once, on the last. forward(mb) returns the loss to
+    back-propagate (its share of the global batch's) and the model's outputs; count(mb, outputs)
+    the micro-batch's figures as a tensor, summed here and kept on the device (no read-back)."""
+    stats = None
+    for mb, last in micro_batches(batch, grad_accum):
+        with gradient_sync(net, world, last), autocast:
+            loss, outputs = forward(mb)
+            loss.backward()
+        with torch.no_grad():
+            counted = count(mb, outputs)
+        stats = counted if stats is None else stats + counted
+    return stats
+
+
 def _close_gloo() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -23,9 +23,11 @@ from ..errors import BertkitError
 from .checkpoints import latest_checkpoint, save_checkpoint
 from .distributed import Processes
 from .log import MetricsLog, progress_bar
-from .step import Guard, StopSignals, clipped_step, lr_factor, set_lr
+from .signals import StopSignals
+from .step import Guard, clipped_step, lr_factor, set_lr
 
 ROLL_BACK, STOP = "roll back", "stop"  # what `max_bad_steps` non-finite steps in a row do
+MAX_BAD_STEPS = 5  # non-finite steps in a row before a roll-back or a stop: skipping more will not help
 
 
 class RunClock:
@@ -125,7 +127,7 @@ class Loop:
     def __init__(self, job: Job, procs: Processes, out: Path, *, lr: float, warmup: float, clip: float,
                  steps: int | None, budget: float | None, clock: RunClock, save_every: int, keep_checkpoints: int,
                  log_every: int, options: dict, metrics: MetricsLog | None, log, progress: bool,
-                 how_to_continue: str, non_finite: str = ROLL_BACK, max_bad_steps: int = 5,
+                 how_to_continue: str, non_finite: str = ROLL_BACK, max_bad_steps: int = MAX_BAD_STEPS,
                  resumed: dict | None = None, schedule_can_change: bool = True, on_step=None):
         self.job, self.procs, self.out, self.clock = job, procs, out, clock
         self.lr, self.warmup, self.clip, self.steps, self.budget = lr, warmup, clip, steps, budget

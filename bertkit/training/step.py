@@ -1,40 +1,11 @@
 """What every optimizer step shares: clipping, the guard against non-finite losses and
-gradients, the learning-rate schedule (by steps or by the elapsed share of a time budget), and
-stopping cleanly on SIGINT / SIGTERM."""
+gradients, and the learning-rate schedule (by steps or by the elapsed share of a time budget)."""
 from __future__ import annotations
 
 import math
-import signal
-import threading
 
 import torch
 
-from ..errors import BertkitError, Interrupted
-
-
-def parse_duration(value) -> float:
-    """Seconds from 600, "600", "90s", "10m" or "1.5h"."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        text = str(value).strip().lower()
-        unit = {"s": 1, "m": 60, "h": 3600}.get(text[-1:], None)
-        try:
-            seconds = float(text[:-1] if unit else text) * (unit or 1)
-        except ValueError:
-            raise BertkitError(f"budget {value!r}: expected a duration such as 90s, 10m or 1.5h") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise BertkitError(f"budget {value!r}: must be a positive duration")
-    return seconds
-
-
-MAX_SEED = 2**32 - 1  # the runs derive seeds from it (seed x 1000 + epoch ...), all within torch's 64 bits
-
-
-def check_seed(seed) -> int:
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
-        raise BertkitError(f"--seed must be an integer from 0 to {MAX_SEED} (2^32 - 1), got {seed!r}")
-    return seed
 
 
 def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
@@ -85,34 +56,3 @@ def clipped_step(model: torch.nn.Module, opt: torch.optim.Optimizer, clip: float
     opt.zero_grad(set_to_none=True)
     guard.record(finite)
     return finite, norm
-
-
-class StopSignals:
-    """SIGINT (Ctrl-C) and SIGTERM while training: noted, so that the loop saves a checkpoint
-    after the current step and stops. Outside the main thread (tests) nothing is installed."""
-
-    def __init__(self):
-        self.caught: list[int] = []
-        self.previous = {}
-
-    def install(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self.previous[sig] = signal.signal(sig, lambda signum, frame: self.caught.append(signum))
-
-    def restore(self) -> None:
-        for sig, handler in self.previous.items():
-            signal.signal(sig, handler)
-        self.previous = {}
-
-    def __bool__(self) -> bool:
-        return bool(self.caught)
-
-    @property
-    def first(self) -> signal.Signals:
-        return signal.Signals(self.caught[0] if self.caught else signal.SIGTERM)
-
-    def stop(self, step: int, how_to_continue: str) -> None:
-        """End the run (the caller saved its checkpoint): one line and the signal's exit code."""
-        raise Interrupted(f"stopped by {self.first.name} at step {step}; the checkpoint is saved: {how_to_continue}",
-                          self.first)
