@@ -95,6 +95,7 @@ bench-gpu: $(VENV)/.test
 	benchmarks/gpu.sh
 
 test: $(VENV)/.test $(WORDNET) $(GCIDE) $(CHROMEDRIVER)
+	$(VENV)/bin/ruff check bertkit tests benchmarks examples  # unused names, import order, likely bugs
 	$(VENV)/bin/lint-imports --no-cache  # the layering (pyproject.toml): no import from a higher layer, no cycles
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
 

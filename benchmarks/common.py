@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from machine import cpu_name  # noqa: F401 - re-exported: one import for a benchmark
 
 RESULTS = Path(__file__).parent / "results"

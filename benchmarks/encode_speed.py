@@ -163,7 +163,7 @@ def main():
     summary = {name: {"median_s": statistics.median(v), "min_s": min(v), "max_s": max(v), "rounds_s": v,
                       "startup_median_s": statistics.median(times["startup"][name])} for name, v in times["full"].items()}
     base = summary["bertkit"]["median_s"]
-    for name, s in summary.items():  # bertkit's speed-up round by round (the peers of a round ran together)
+    for s in summary.values():  # bertkit's speed-up round by round (the peers of a round ran together)
         s["speedup_by_round"] = [t / b for t, b in zip(s["rounds_s"], times["full"]["bertkit"])]
     import torch
 
@@ -210,10 +210,10 @@ def fp32_floor(folder: str, texts: list[str], batch: int = 32) -> dict:
     measures for MiniLM's four linear shapes, rows = a batch of texts of the mean length."""
     import torch
     import torch.nn.functional as F
+    from common import median_time
 
     from bertkit.config import load_config
     from bertkit.tokenizer import load_tokenizer
-    from common import median_time
     config = load_config(folder)
     tokens = sum(len(e.ids) for e in load_tokenizer(folder).encode_unpadded(texts, max_len=512))
     rows = batch * round(tokens / len(texts))

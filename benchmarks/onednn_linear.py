@@ -18,14 +18,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-
-from bertkit import kernels, model
-from bertkit.kernels.linear import linear
-from bertkit.data.registry import export
-from bertkit.inference.encode import Encoder
 from common import median_time, save_result
 from machine import cpu_name
 
+from bertkit import kernels, model
+from bertkit.data.registry import export
+from bertkit.inference.encode import Encoder
+from bertkit.kernels.linear import linear
 
 
 def main():

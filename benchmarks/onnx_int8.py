@@ -25,8 +25,8 @@ from finetune_vs_transformers import _cap  # noqa: E402
 from machine import cpu_name  # noqa: E402
 
 from bertkit.data.registry import export as export_data  # noqa: E402
-from bertkit.inference.export import ONNX, ONNX_INT8, OnnxBert, OnnxHead, HEAD_ONNX, export, quantize_int8  # noqa: E402
 from bertkit.finetune import FinetuneConfig, finetune  # noqa: E402
+from bertkit.inference.export import HEAD_ONNX, ONNX, ONNX_INT8, OnnxBert, OnnxHead, export, quantize_int8  # noqa: E402
 from bertkit.tasks.folder import load_task_model  # noqa: E402
 from bertkit.tasks.runner import run_task  # noqa: E402
 
@@ -45,7 +45,7 @@ def main():
                             options={"pooling": "pooler"}, progress=False))
     report = export(work / "model", work / "onnx", int8=True)
     earlier = {"onnx int8, outlier channels not kept": "onnx-plain", "onnx int8, one scale per matrix": "onnx-per-tensor"}
-    for name, folder in earlier.items():  # the same export, quantised without calibration text
+    for folder in earlier.values():  # the same export, quantised without calibration text
         shutil.copytree(work / "onnx", work / folder)
         quantize_int8(work / "onnx" / ONNX, work / folder / ONNX_INT8, per_channel=folder == "onnx-plain")
     runs = {}

@@ -43,12 +43,13 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from common import matmul_peak, save_result
+from machine import cpu_name
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from bertkit import kernels
-from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer
+from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer, kernels
 from bertkit.checkpoint import save_model
 from bertkit.model import init_weights, set_dropout
 from bertkit.optim import adamw
@@ -58,8 +59,6 @@ from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
 from bertkit.training.distributed import native_bf16
 from bertkit.training.memory import keep_freed_memory
-from common import matmul_peak, save_result
-from machine import cpu_name
 
 
 def forward_in(bf16: bool):
@@ -314,7 +313,7 @@ def main():
     if args.only:
         runs = {name: runs[name] for name in args.only}
     opts = {}
-    for name, (step, model, _) in runs.items():
+    for name, (_step, model, _) in runs.items():
         model.train()
         # each side's own training step: bertkit's AdamW (fused, no decay on biases and LayerNorm),
         # torch's default AdamW for the peers, as their users write it

@@ -18,7 +18,6 @@ import json
 import os
 import platform
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -55,7 +54,7 @@ def start(model: str, batching: bool, window_ms: float | None = None) -> tuple[s
             return proc, url, time.perf_counter() - t0
         except OSError:
             if proc.poll() is not None:
-                raise SystemExit(proc.stderr.read())
+                raise SystemExit(proc.stderr.read()) from None
             time.sleep(0.05)
 
 

@@ -21,7 +21,6 @@ from .files import WEIGHTS, WEIGHTS_INDEX, atomic_write, read_shard_index, weigh
 from .model import BertForPreTraining, BertModel, init_weights, weights_not_drawn
 from .tokenizer import check_vocab_fits, load_tokenizer  # noqa: F401 - re-exported
 
-
 # ---- the name map ---------------------------------------------------------------------------
 # bertkit name -> HF BertModel name(s). Several HF names are concatenated along dim 0 (our fused
 # qkv). "{i}" stands for the layer index. Head names are HF BertForPreTraining's, whose encoder

@@ -15,9 +15,8 @@ from .training.memory import keep_freed_memory
 
 
 def cmd_tokenizer_train(args) -> None:
-    from .tokenizer import WordPieceTokenizer
-
     from .outputs import check_output_folder
+    from .tokenizer import WordPieceTokenizer
 
     # a non-empty --out (a model folder's config.json, an earlier tokenizer_config.json) is never
     # written into without --overwrite; an unwritable one fails before the corpus is read
@@ -185,7 +184,7 @@ def cmd_predict(args) -> None:
     examples = task.read_inputs(path=args.input) if args.input else task.read_inputs(texts=args.text)
     for field in ("text", "text_pair"):  # classify, word: what the model reads of each line
         if args.input and any(isinstance(ex, dict) and ex.get(field) is not None for ex in examples):
-            tok.refuse_tokenless([ex.get(field) for ex in examples], lambda i: f"{args.input}, line {i + 1} ({field})")
+            tok.refuse_tokenless([ex.get(field) for ex in examples], lambda i, field=field: f"{args.input}, line {i + 1} ({field})")
     # a classifier fine-tuned on single texts given pairs, or the reverse, read inputs it never saw (as evaluate refuses)
     task.check(examples, args.input or "the texts given")
     feats = task.features(examples, tok, max_len)
@@ -250,18 +249,11 @@ def cmd_data_list(args) -> None:
         print(f"{name:20} {line}")
 
 
-SENTENCE_PER_LINE_HELP = ("each line of the .txt files is one sentence, used as it is instead of split into "
-                          "sentences (the input of Google's create_pretraining_data.py: one sentence per line, "
-                          "blank lines between documents)")
 PRECISION_HELP = ("fp32 (default) or bf16 autocast: faster on a GPU and on a CPU with native bf16 (AMX or AVX512_BF16), "
                   "results drift from fp32")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .training.options import add_flags
-    p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
-    sub = p.add_subparsers(dest="command", required=True)
-
+def _encode_parser(sub) -> None:
     e = sub.add_parser("encode", help="sentence vectors of texts or text pairs, written as .npy (streamed, resumable, "
                                       "and shared among processes under torchrun)")
     e.add_argument("--model", required=True, help="model folder (HF layout)")
@@ -292,7 +284,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
     e.set_defaults(func=cmd_encode)
 
+
+def _pretrain_parser(sub) -> None:
     from .pretraining.recipes import PretrainConfig
+    from .training.options import add_flags
     pt = sub.add_parser("pretrain", help="pretrain BERT with MLM + NSP on raw text (default: tiny on wiki)")
     pt.add_argument("--config", help="TOML file with the options below (underscores or dashes); flags override it")
     add_flags(pt, PretrainConfig, budget="default 10m", save_every="default 100",
@@ -301,17 +296,22 @@ def build_parser() -> argparse.ArgumentParser:
     pt.add_argument("--no-samples", action="store_true", help="skip the fill-mask and context examples and the downstream check at the end")
     pt.set_defaults(func=cmd_pretrain)
 
+
+def _fill_mask_parser(sub) -> None:
     fm = sub.add_parser("fill-mask", help="top predictions for each [MASK] in the texts")
     fm.add_argument("--model", required=True)
     fm.add_argument("--top-k", type=int, default=5)
     fm.add_argument("text", nargs="*")
     fm.set_defaults(func=cmd_fill_mask)
 
+
+def _finetune_parser(sub) -> None:
     from .tasks import TASKS
+    from .training.options import add_flags
     ft = sub.add_parser("finetune", help="fine-tune a model folder for a task")
     ft.add_argument("task", choices=list(TASKS))
-    from .tasks.options import FinetuneConfig
     from .tasks import DEFAULTS, OPTION_KEYS
+    from .tasks.options import FinetuneConfig
     per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
     ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
     ft.add_argument("--option", action="append", metavar="KEY=VALUE",
@@ -328,6 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
               max_len=f"default per task: {per_task('max_len')}")
     ft.set_defaults(func=cmd_finetune)
 
+
+def _evaluate_parser(sub) -> None:
+    from .tasks import TASKS
     ev = sub.add_parser("evaluate", help="metrics of a fine-tuned folder on a data file, as one JSON object")
     ev.add_argument("task", choices=list(TASKS))
     ev.add_argument("--model", required=True)
@@ -337,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help=PRECISION_HELP)
     ev.set_defaults(func=cmd_evaluate)
 
+
+def _predict_parser(sub) -> None:
+    from .tasks import TASKS
     pr = sub.add_parser("predict", help="predictions of a fine-tuned folder, as JSON lines")
     pr.add_argument("task", choices=list(TASKS))
     pr.add_argument("--model", required=True)
@@ -349,6 +355,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("text", nargs="*")
     pr.set_defaults(func=cmd_predict)
 
+
+def _serve_parser(sub) -> None:
     sv = sub.add_parser("serve", help="HTTP server: /encode, /v1/embeddings, /fill-mask, /predict, /attention, page at /")
     sv.add_argument("--model", required=True, help="model folder (pretrained, fine-tuned or exported)")
     sv.add_argument("--host", default="127.0.0.1", help="default loopback only; 0.0.0.0 opens it to the network")
@@ -370,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="requests in the server at once (default 64); past it a request gets 503 with Retry-After")
     sv.set_defaults(func=cmd_serve)
 
+
+def _export_parser(sub) -> None:
     ex = sub.add_parser("export", help="a model folder with the encoder as ONNX, for --backend onnx")
     ex.add_argument("--model", required=True)
     where = ex.add_mutually_exclusive_group(required=True)
@@ -383,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write into a non-empty --out (its model files the model lacks removed), or over an --onnx file")
     ex.set_defaults(func=cmd_export)
 
+
+def _data_parser(sub) -> None:
     from .data.registry import DATASETS
     d = sub.add_parser("data", help="the built-in real data sets, in the standard file formats")
     dsub = d.add_subparsers(dest="action", required=True)
@@ -394,6 +406,9 @@ def build_parser() -> argparse.ArgumentParser:
     dl = dsub.add_parser("list", help="the data sets and the published checkpoint, and whether their packages are installed")
     dl.set_defaults(func=cmd_data_list)
 
+
+def _tokenizer_parser(sub) -> None:
+    from .pretraining.recipes import SENTENCE_PER_LINE_HELP
     t = sub.add_parser("tokenizer", help="WordPiece vocabularies")
     tsub = t.add_subparsers(dest="action", required=True)
     tt = tsub.add_parser("train", help="train a WordPiece vocabulary on a .txt file, a folder of them, or 'wiki'")
@@ -405,6 +420,14 @@ def build_parser() -> argparse.ArgumentParser:
     tt.add_argument("--sentence-per-line", action="store_true", help=SENTENCE_PER_LINE_HELP)
     tt.add_argument("--overwrite", action="store_true", help="replace an existing vocabulary in --out")
     tt.set_defaults(func=cmd_tokenizer_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bertkit", description="BERT end to end: encode, tokenize, train.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add in (_encode_parser, _pretrain_parser, _fill_mask_parser, _finetune_parser, _evaluate_parser,
+                _predict_parser, _serve_parser, _export_parser, _data_parser, _tokenizer_parser):
+        add(sub)
     return p
 
 

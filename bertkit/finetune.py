@@ -110,7 +110,7 @@ def _split(rows: list, parts: int) -> list[list]:
 
 
 def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: Processes, grad_accum: int,
-                         autocast=contextlib.nullcontext()) -> float:
+                         autocast=None) -> float:
     """Forward and backward over this rank's share of a global batch `feats`, in `grad_accum`
     micro-batches; returns the global batch's mean loss (the same on every rank), or None when
     nothing in the batch has a target (the gradients are then zero).
@@ -119,6 +119,7 @@ def accumulate_gradients(net, task: Task, feats: list[dict], tokenizer, procs: P
     ner's labelled words, summarize's labelled sentences: Task.loss_units), so the gradient is
     that of the global batch's mean, however it is split into micro-batches and ranks
     (DistributedDataParallel averages over ranks, hence the factor `procs.world`)."""
+    autocast = autocast or contextlib.nullcontext()
     mine = _split(list(range(len(feats))), procs.world)[procs.rank]
     micros = [m for m in _split(mine, grad_accum) if m]
     device = procs.device

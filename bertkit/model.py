@@ -24,7 +24,6 @@ from .kernels.cross_entropy import MLM_ROWS_MULTIPLE, LinearCrossEntropy
 from .kernels.dropout import Dropout
 from .kernels.linear import POST_OP, linear, onednn_path
 
-
 # load_model replaces every weight it builds, so drawing them first is wasted work (a tenth of
 # a short `bertkit encode`). A context variable, not a patched torch class: it holds in the
 # thread (or asyncio task) that builds the model and nowhere else.

@@ -267,7 +267,7 @@ class WordPieceTokenizer:
                 **({"model_max_length": model_max_length} if model_max_length else {})}, indent=2) + "\n",
         }
         for name, text in files.items():
-            atomic_write(folder / name, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+            atomic_write(folder / name, lambda tmp, text=text: Path(tmp).write_text(text, encoding="utf-8"))
 
     # ---- vocabulary ----
     @property

@@ -7,7 +7,6 @@ from ..errors import BertkitError
 from ..inputs import jsonl_rows
 from .common import Built, jsonl, package_file, package_source
 
-
 ACLSUM_SPLITS = {"train": "train", "dev": "val", "test": "test"}  # ours: theirs
 ACLSUM_SECTIONS = ("abstract", "introduction", "conclusion")
 ACLSUM_ASPECTS = ("challenge", "approach", "outcome")

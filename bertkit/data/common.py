@@ -13,7 +13,6 @@ from pathlib import Path
 
 from ..errors import BertkitError
 
-
 SEED = 13  # every split is a shuffle by random.Random(SEED): fixed, so results compare
 
 

@@ -8,7 +8,6 @@ from collections import Counter
 from ..errors import BertkitError
 from .common import SEED, Built, jsonl, label_table, package_file, package_source, percent, split_groups
 
-
 RT_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
 RT_SPLIT = {"train": 0.8, "dev": 0.1, "test": 0.1}
 

@@ -9,7 +9,6 @@ from ..errors import BertkitError
 from ..inputs import read_text
 from .common import SEED, Built, split_groups
 
-
 SQUAD_FILE = "squad-subset.json"  # beside this file (package data), see README.md here
 
 

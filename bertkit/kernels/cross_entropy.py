@@ -9,7 +9,6 @@ import torch
 
 from .linear import linear, onednn_path
 
-
 MLM_ROWS_MULTIPLE = 64
 
 

@@ -20,7 +20,6 @@ from torch import nn
 
 from .backend import current
 
-
 MASK_PART = 1 << 20
 _mask_threads: ThreadPoolExecutor | None = None
 

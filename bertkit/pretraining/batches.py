@@ -101,8 +101,9 @@ class PretrainingBatches:
         return [(int(sh[0]), self._instances(epoch, int(sh[0])).take(ix))
                 for sh, ix in zip(np.split(shards, cuts), np.split(indices, cuts))]
 
-    def iterate(self, start: Position = Position()) -> Iterator[tuple[Position, dict]]:
-        """Endless batches from `start`; yields (position after this batch, batch)."""
+    def iterate(self, start: Position | None = None) -> Iterator[tuple[Position, dict]]:
+        """Endless batches from `start` (default: the first); yields (position after this batch, batch)."""
+        start = start or Position()
         epoch, skip = start.epoch, start.batch
         while True:
             n = 0

@@ -17,6 +17,7 @@ from .masking import MaskingConfig
 from .recipes import PretrainConfig
 from .shards import TokenStore, tokenize_corpus, training_documents
 
+
 class Documents:
     """The corpus's documents for the two passes of a new run (the vocabulary, then the shards).
     Splitting text into sentences is most of the preparation time (the built-in sample on a 2-core

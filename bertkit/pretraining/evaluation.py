@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from . import electra
 from .masking import prediction_kinds
 
+
 @torch.no_grad()
 def evaluate(model, batches: list[dict], device, mask_id: int) -> dict:
     """Held-out MLM and NSP, in fp32 whatever the training steps' precision, as the saved model

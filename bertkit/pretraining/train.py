@@ -33,8 +33,17 @@ from ..training.prefetch import Prefetch
 from ..training.run import Run, refuse_changed, restore_state
 from . import electra
 from .batches import Position
-from .data import (Documents, data_record, forget_other_data, held_out_batches, in_short_phase, phase_batches,
-                   phase_of, prepare_data, prepare_tokenizer)
+from .data import (
+    Documents,
+    data_record,
+    forget_other_data,
+    held_out_batches,
+    in_short_phase,
+    phase_batches,
+    phase_of,
+    prepare_data,
+    prepare_tokenizer,
+)
 from .evaluation import evaluate_objective
 from .masking import prediction_kinds
 from .recipes import PretrainConfig

@@ -9,12 +9,11 @@ import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field
-from typing import ClassVar
 from pathlib import Path
+from typing import ClassVar
 
 from ..errors import BertkitError
 from ..precision import TRAINING_PRECISIONS
-
 
 
 def parse_duration(value) -> float:

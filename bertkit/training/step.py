@@ -7,7 +7,6 @@ import math
 import torch
 
 
-
 def lr_factor(done: float, total: float, warmup: float, unit: float) -> float:
     """Share of the peak learning rate for the step that starts after `done` of `total` (steps
     or seconds): linear warm-up over the first `warmup` share, then linear decay to 0 at the end.

@@ -5,7 +5,6 @@ from dataclasses import asdict, dataclass
 
 from ...errors import BertkitError
 
-
 # validation errors a 422 lists (the first one is its "error")
 MAX_ERRORS_SHOWN = 10
 

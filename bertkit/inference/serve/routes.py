@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated
 
 import numpy as np
+
 # module level: FastAPI resolves the endpoints' string annotations in this module's globals
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response

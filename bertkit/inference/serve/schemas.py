@@ -8,7 +8,6 @@ from pydantic_core import PydanticCustomError
 
 from ...inputs import lone_surrogate
 
-
 # a list's validation stops at its first bad item: a 1 MB body of 500,000 wrong items held the
 # event loop 10 s for pydantic's 500,000 errors and a 50 MB answer
 FAIL_FAST = Field(fail_fast=True)
