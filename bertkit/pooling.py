@@ -12,7 +12,7 @@ from .errors import BertkitError
 POOLINGS = ("cls", "mean", "pooler")
 
 
-def _modules(folder: Path) -> list:
+def folder_modules(folder: Path) -> list:
     """A sentence-transformers folder's modules.json (its pipeline after the encoder), or []."""
     try:
         modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
@@ -23,7 +23,7 @@ def _modules(folder: Path) -> list:
 
 def folder_normalize(folder: str | Path) -> bool:
     """Whether a sentence-transformers folder ends with a Normalize module (unit-length vectors)."""
-    return any(str(m.get("type", "")).endswith("models.Normalize") for m in _modules(Path(folder)))
+    return any(str(m.get("type", "")).endswith("models.Normalize") for m in folder_modules(Path(folder)))
 
 
 def folder_max_len(folder: str | Path) -> int | None:
@@ -64,7 +64,7 @@ def _tokenizer_max_len(folder: Path) -> int | None:
 def _pooling_config(folder: Path) -> dict | None:
     """A sentence-transformers folder's Pooling config (modules.json -> its path/config.json)."""
     try:
-        pooling = next(m for m in _modules(folder) if m.get("type", "").endswith("models.Pooling"))
+        pooling = next(m for m in folder_modules(folder) if m.get("type", "").endswith("models.Pooling"))
         cfg = json.loads((folder / pooling["path"] / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, StopIteration, KeyError, TypeError, AttributeError):
         return None
@@ -103,7 +103,7 @@ def folder_unsupported(folder: str | Path, modules: bool = True, pooling: bool =
     may be told)."""
     folder = Path(folder)
     found = [f"its {str(m.get('type')).rsplit('.', 1)[-1]} module ({m.get('path')})"
-             for m in _modules(folder) if modules and not str(m.get("type", "")).endswith(ST_STEPS)]
+             for m in folder_modules(folder) if modules and not str(m.get("type", "")).endswith(ST_STEPS)]
     if pooling and (modes := unsupported_pooling(folder)):
         found.append(f"its pooling ({modes})")
     try:

@@ -25,7 +25,8 @@ RECIPES: dict[str, dict] = {
 }
 
 
-OBJECTIVES = ("mlm-nsp", "electra")
+OBJECTIVES = ("mlm-nsp", "electra", "distill")
+SENTENCE_LOSSES = ("cosine", "mse")
 RTD_WEIGHT = 50.0  # ELECTRA's lambda (the paper's): a token's detection loss is far smaller than a masked token's MLM loss
 SENTENCE_PER_LINE_HELP = ("each line of the .txt files is one sentence, used as it is instead of split into "
                           "sentences (the input of Google's create_pretraining_data.py: one sentence per line, "
@@ -65,9 +66,26 @@ class PretrainConfig(RunOptions):
                                  "of the run on pairs of 32 tokens; chosen by measurement) or textbook (batch 512, "
                                  "15%% masking, dropout 0.1); every option below overrides the recipe",
                          choices=tuple(RECIPES))
-    objective: str = option("mlm-nsp", "mlm-nsp (default: BERT's masked LM + next sentence prediction) or electra "
+    objective: str = option("mlm-nsp", "mlm-nsp (default: BERT's masked LM + next sentence prediction), electra "
                                        "(replaced-token detection on the samples of a small generator; saves the "
-                                       "encoder, and the generator in OUT/generator)", choices=OBJECTIVES, exact=True)
+                                       "encoder, and the generator in OUT/generator), or distill (learn from "
+                                       "--teacher)", choices=OBJECTIVES, exact=True)
+    # distillation (distill.py): the student learns the teacher's outputs on the corpus's texts
+    teacher: str | None = option(None, "a model folder to distil into --model (a preset, with the teacher's "
+                                       "vocabulary and its embeddings reduced by PCA, or a folder): the objective "
+                                       "is then distill", exact=True)
+    distill_sentence: float = option(1.0, "distill: weight of the teacher's sentence vector (default 1)", exact=True)
+    distill_hidden: float = option(0.0, "distill: weight of the teacher's last-layer token states (default 0)",
+                                   exact=True)
+    distill_relations: float = option(0.0, "distill: weight of the last layer's self-attention relations, "
+                                           "MiniLMv2's (default 0)", exact=True)
+    distill_mlm: float = option(0.0, "distill: weight of masked language modelling beside it (default 0)",
+                                exact=True)
+    sentence_loss: str = option("cosine", "distill: cosine (default) or mse between the student's projected "
+                                          "sentence vector and the teacher's", choices=SENTENCE_LOSSES, exact=True)
+    relation_heads: int = option(12, "distill: relation heads of the attention relations (default 12)", exact=True)
+    teacher_cache: bool = option(True, "distill: run the teacher on every text each epoch instead of keeping its "
+                                       "sentence vectors in OUT/data/teacher", flag="--no-teacher-cache", const=False)
     rtd_weight: float = option(RTD_WEIGHT, "electra: loss = generator MLM + w x detection (default 50, the "
                                                    "paper's)", exact=True)
     mask_token_share: float | None = option(None, "of the chosen tokens, the share shown as [MASK] (default 0.8; "
@@ -108,8 +126,9 @@ class PretrainConfig(RunOptions):
     def from_command(cls, given: dict, config: str | None = None, command: dict | None = None) -> PretrainConfig:
         """A run's options from `bertkit pretrain`: the flags given, over a --config file, over the
         options a resumed run was started with (it keeps them; flags given now override them)."""
-        if given.get("vocab_size") is not None and (given.get("vocab") or given.get("model", "tiny") not in PRESETS):
-            raise BertkitError("--vocab-size is the size of a vocabulary trained on the corpus; --vocab or a model "
+        if given.get("vocab_size") is not None and (given.get("vocab") or given.get("teacher")
+                                                    or given.get("model", "tiny") not in PRESETS):
+            raise BertkitError("--vocab-size is the size of a vocabulary trained on the corpus; --vocab, --teacher or a model "
                                "folder brings its own, which is used whole")
         saved = Path(given.get("out") or "") / "pretrain_config.json"
         if given.get("resume") and given.get("out") and saved.is_file():
@@ -143,6 +162,9 @@ class PretrainConfig(RunOptions):
         for name in ("batch_size", "max_len", "warmup", "mask_prob", "dropout", "nsp_weight"):
             if getattr(self, name) is None:
                 setattr(self, name, recipe[name])
+        self._check_distill()
+        if self.short_len is None and self.objective == "distill":
+            self.short_len = 0  # texts of every length from the start
         if self.short_len is None:  # the recipe's, unless the pairs are that short already
             self.short_len = recipe["short_len"] if recipe["short_len"] < self.max_len else 0
         if self.short_share is None:
@@ -187,6 +209,30 @@ class PretrainConfig(RunOptions):
             raise BertkitError(f"max length {self.max_len} is over BERT's 512 positions")
         if self.out is None:
             self.out = time.strftime("runs/pretrain-%Y%m%d-%H%M%S")
+
+
+    def _check_distill(self) -> None:
+        if self.teacher is not None and self.objective == "mlm-nsp":
+            self.objective = "distill"  # --teacher alone asks for it
+        if self.objective == "distill":
+            if self.teacher is None:
+                raise BertkitError("--objective distill needs --teacher FOLDER, the model to learn from")
+            if not Path(self.teacher).is_dir():
+                raise BertkitError(f"--teacher {self.teacher}: not a model folder")
+            if self.model in PRESETS and self.vocab is None:
+                self.vocab = self.teacher  # the teacher's vocabulary: its embeddings start the student's
+        elif self.teacher is not None:
+            raise BertkitError(f"--teacher is for --objective distill, not {self.objective}")
+        for name in ("distill_sentence", "distill_hidden", "distill_relations", "distill_mlm"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise BertkitError(f"{flag(name)} must be a number >= 0, got {value!r}")
+        if self.objective == "distill" and not (self.distill_sentence or self.distill_hidden or self.distill_relations
+                                                or self.distill_mlm):
+            raise BertkitError("every distillation weight is 0: give --distill-sentence, --distill-hidden, "
+                               "--distill-relations or --distill-mlm a weight above 0")
+        if self.relation_heads < 1:
+            raise BertkitError(f"--relation-heads must be at least 1, got {self.relation_heads}")
 
 
 PretrainConfig.EXACT = exact_names(PretrainConfig)  # what a resume must keep

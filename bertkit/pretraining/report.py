@@ -24,6 +24,9 @@ def print_report(cfg: PretrainConfig, summary: dict) -> None:
     out = Path(cfg.out)
     print(f"bertkit: pretrained {summary['steps']} steps; model in {out}, curves in {out / 'loss.png'}")
     train, ev = summary["final_train"], summary["final_eval"]
+    if cfg.objective == "distill":
+        _print_distill(cfg, summary, train, ev)
+        return
     electra = cfg.objective == "electra"
     if electra:
         print(f"  train: generator mlm loss {train['mlm_loss']:.3f}, accuracy at [MASK] {train['mlm_acc']:.3f}; "
@@ -48,6 +51,15 @@ def print_report(cfg: PretrainConfig, summary: dict) -> None:
                   f"{ev['eval_mlm_acc']:.3f}, no better than always the most common token): it ignores its "
                   "input, a worse start for fine-tuning than random weights; give it a longer --budget or a "
                   "smaller --model", file=sys.stderr)
+
+
+def _print_distill(cfg: PretrainConfig, summary: dict, train: dict, ev: dict | None) -> None:
+    print(f"  train: loss {train['loss']:.4f} (sentence {train['sentence_loss']:.4f}), cosine to the teacher's "
+          f"sentence vectors {train['cosine']:.3f}; {summary['pairs_per_s']:.0f} texts/s over "
+          f"{summary['elapsed_s']:.0f} s")
+    if ev:
+        print(f"  held out: cosine to the teacher's sentence vectors {ev['eval_cosine']:.3f} over {ev['eval_texts']} "
+              f"texts (through the projection to the teacher's width)")
 
 
 def write_samples(cfg: PretrainConfig, summary: dict) -> None:

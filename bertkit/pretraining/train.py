@@ -31,7 +31,7 @@ from ..training.log import write_json
 from ..training.loop import ROLL_BACK, Job, Loop, StepResult
 from ..training.prefetch import Prefetch
 from ..training.run import Run, refuse_changed, restore_state
-from . import electra
+from . import distill, distill_job, electra
 from .batches import Position
 from .data import (
     Documents,
@@ -62,7 +62,11 @@ def _check_model_folder(cfg: PretrainConfig) -> None:
         raise BertkitError(f"--max-len {cfg.max_len} exceeds the model's {model_cfg.max_position_embeddings} positions")
 
 
-def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTraining | electra.ElectraForPreTraining:
+def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer):
+    """The model a run trains: BERT with its MLM and NSP heads, ELECTRA's pair, or a distillation
+    student with its projections to the teacher's width."""
+    if cfg.objective == "distill":
+        return _build_student(cfg, tok)
     if cfg.model in PRESETS:
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size,
                                      max_position_embeddings=512)
@@ -81,13 +85,30 @@ def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer) -> BertForPreTrai
     return model
 
 
+def _build_student(cfg: PretrainConfig, tok: WordPieceTokenizer) -> distill.Student:
+    teacher = distill.Teacher(cfg.teacher, "cpu")
+    if cfg.model in PRESETS:
+        bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size, max_position_embeddings=512)
+        model = distill.build_student(bert_cfg, teacher)
+    else:
+        model = load_model(cfg.model)[0]
+    if tok.tok.get_vocab() != WordPieceTokenizer.from_folder(cfg.teacher).tok.get_vocab():
+        raise BertkitError(f"{cfg.model}: the student's vocabulary is not the teacher's ({cfg.teacher}); "
+                           "distil into a preset, which takes the teacher's")
+    if cfg.distill_relations:
+        distill.check_relation_heads(cfg.relation_heads, model.config.hidden_size, teacher.config.hidden_size)
+    return distill.Student(model, teacher.config.hidden_size)
+
+
 def _optimizer(model, cfg: PretrainConfig):
     return adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
 
 
 # ---- checkpoints ----------------------------------------------------------------------------
 def _load_weights(model, ckpt: Path) -> None:
-    if isinstance(model, electra.ElectraForPreTraining):
+    if isinstance(model, distill.Student):
+        distill_job.load_weights(model, ckpt)
+    elif isinstance(model, electra.ElectraForPreTraining):
         electra.restore(model, ckpt)
     else:
         resumed, _ = load_model(ckpt, quiet=True)
@@ -258,7 +279,23 @@ class _PretrainJob(Job):
         self._open()
         return state
 
+    # ---- the run's end ----
+    @property
+    def title(self) -> str:
+        return f"{'ELECTRA' if self.is_electra else 'BERT'} pretraining"
 
+    def curves(self) -> list[tuple[str, str]]:
+        if self.is_electra:
+            return [("mlm_loss", "generator MLM (train)"), ("rtd_loss", "detection (train)"),
+                    ("eval_mlm_loss", "generator MLM (held out)"), ("eval_rtd_loss", "detection (held out)")]
+        return [("mlm_loss", "MLM (train)"), ("nsp_loss", "NSP (train)"),
+                ("eval_mlm_loss", "MLM (held out)"), ("eval_nsp_loss", "NSP (held out)")]
+
+    def save_final(self, out: Path, tok: WordPieceTokenizer, info: dict) -> None:
+        if self.is_electra:
+            electra.save(self.model, out, tokenizer=tok, bertkit_info=info)
+        else:
+            save_model(self.model, out, tokenizer=tok, bertkit_info=info)
 
 
 # ---- the run --------------------------------------------------------------------------------
@@ -362,7 +399,8 @@ def pretrain(cfg: PretrainConfig, on_step=None, timer=time.perf_counter) -> dict
     ckpt = _open_out(cfg, run)
     tok, train_store, eval_store = _prepare(cfg, run, ckpt)
     phase = 0 if in_short_phase(cfg, 0, 0.0, 1.0) else 1  # a short phase of no steps is none
-    eval_batches = held_out_batches(cfg, eval_store, tok, log)
+    eval_batches = (distill_job.held_out_texts if cfg.objective == "distill" else held_out_batches)(
+        cfg, eval_store, tok, log)
 
     torch.manual_seed(cfg.seed)  # initial weights, new heads and dropout
     model = _build_model(cfg, tok)
@@ -377,7 +415,8 @@ def pretrain(cfg: PretrainConfig, on_step=None, timer=time.perf_counter) -> dict
     metrics = run.start(cfg.tensorboard)
     if procs.main and ckpt is not None:
         write_json(run.out / "pretrain_config.json", dataclasses.asdict(cfg))
-    job = _PretrainJob(cfg, model, opt, procs, tok, train_store, eval_batches, metrics, log, state,
+    job_class = distill_job.DistillJob if cfg.objective == "distill" else _PretrainJob
+    job = job_class(cfg, model, opt, procs, tok, train_store, eval_batches, metrics, log, state,
                        phase=phase_of(state) if state else phase, autocast=procs.autocast(precision))
     loop = run.loop(job, steps=cfg.steps, warmup=cfg.warmup, how_to_continue=f"continue with --resume --out {run.out}",
                     non_finite=ROLL_BACK, on_step=on_step)
@@ -391,7 +430,7 @@ def pretrain(cfg: PretrainConfig, on_step=None, timer=time.perf_counter) -> dict
     return _finish(cfg, run, job, loop, tok, (train_store, eval_store), precision)
 
 
-def _finish(cfg: PretrainConfig, run: Run, job: _PretrainJob, loop: Loop, tok: WordPieceTokenizer,
+def _finish(cfg: PretrainConfig, run: Run, job, loop: Loop, tok: WordPieceTokenizer,
             stores: tuple[TokenStore, TokenStore], precision: str) -> dict:
     """The run's model folder in OUT, its curves and summary.json."""
     model = job.model
@@ -400,14 +439,11 @@ def _finish(cfg: PretrainConfig, run: Run, job: _PretrainJob, loop: Loop, tok: W
     origin = cfg.model if cfg.model in PRESETS else pretraining_origin(cfg.model) or str(cfg.model)
     info = {"task": "pretraining", "objective": cfg.objective, "corpus": cfg.corpus, "steps": loop.step,
             "max_len": cfg.max_len, "pretrained_from": origin}
-    if job.is_electra:
-        electra.save(model, run.out, tokenizer=tok, bertkit_info=info)
-    else:
-        save_model(model, run.out, tokenizer=tok, bertkit_info=info)
+    job.save_final(run.out, tok, info)
     records = run.metrics.records()
     last_eval = job.last_eval
     if last_eval is None:  # resumed from the final checkpoint: its evaluation, not none
-        last_eval = next((r for r in reversed(records) if "eval_mlm_loss" in r), None)
+        last_eval = next((r for r in reversed(records) if any(k.startswith("eval_") for k in r)), None)
     train_records = [r for r in records if "loss" in r]
     timed = train_records[1:] or train_records  # the first window includes warm-up of kernels
     summary = {
@@ -425,10 +461,6 @@ def _finish(cfg: PretrainConfig, run: Run, job: _PretrainJob, loop: Loop, tok: W
         "device": str(run.procs.device), "precision": precision,  # what "auto" resolved to
         "config": dataclasses.asdict(cfg),
     }
-    curves = ([("mlm_loss", "generator MLM (train)"), ("rtd_loss", "detection (train)"),
-               ("eval_mlm_loss", "generator MLM (held out)"), ("eval_rtd_loss", "detection (held out)")] if job.is_electra
-              else [("mlm_loss", "MLM (train)"), ("nsp_loss", "NSP (train)"),
-                    ("eval_mlm_loss", "MLM (held out)"), ("eval_nsp_loss", "NSP (held out)")])
-    title = (f"{'ELECTRA' if job.is_electra else 'BERT'} pretraining: {model.config.num_hidden_layers} layers, hidden "
-             f"{model.config.hidden_size}, batch {cfg.batch_size}, length {cfg.max_len}")
-    return run.finish(summary, curves, title)
+    title = (f"{job.title}: {model.config.num_hidden_layers} layers, hidden {model.config.hidden_size}, "
+             f"batch {cfg.batch_size}, length {cfg.max_len}")
+    return run.finish(summary, job.curves(), title)

@@ -1,0 +1,291 @@
+"""Distillation: a student BERT learns from a teacher (any BERT folder bertkit loads) on raw text,
+the way a CPU user gets a small model worth fine-tuning from a published one.
+
+Signals (each weighted; 0 leaves it out):
+- sentence: the teacher's sentence vector as its folder pools it (a sentence-transformers folder
+  declares mean pooling and normalising), matched by the student's mean-pooled vector through a
+  learned projection, by cosine distance or mean squared error (sentence-transformers' recipe);
+- hidden: the teacher's last-layer token states through a projection, mean squared error
+  (TinyBERT); needs the teacher's vocabulary;
+- relations: the last layer's self-attention relations, query-query, key-key and value-value,
+  split into relation heads whatever either model's head count (MiniLMv2), by KL divergence;
+- mlm: masked language modelling on the same texts, beside them.
+Each loss is a sum over its texts or tokens divided by the global batch's count, so micro-batches
+and processes give the gradient of one batch.
+
+The student starts from a preset with the teacher's vocabulary, its word, position and segment
+embeddings the teacher's projected on their first principal components; or from a model folder.
+The teacher's sentence vectors can be kept in OUT/data (TeacherCache), so that epochs after the
+first do not run the teacher again.
+"""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from ..checkpoint import load_model
+from ..config import BertConfig
+from ..errors import BertkitError
+from ..files import atomic_write
+from ..model import BertForPreTraining, BertModel, Linear, init_weights
+from ..pooling import folder_modules, folder_normalize, folder_pooling, pool
+
+SENTENCE_LOSSES = ("cosine", "mse")
+RELATION_HEADS = 12  # MiniLMv2's relation heads for models of 384 to 768 wide
+HEAD_FILE = "distill_head.safetensors"  # the projections, in a checkpoint beside the student
+
+
+# ---- the losses, per text or per token (summed and divided by the global counts by the job) ----
+def sentence_losses(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> torch.Tensor:
+    """(B,) the loss of each text: 1 - cosine, or the squared error averaged over dimensions."""
+    if kind == "cosine":
+        return 1 - F.cosine_similarity(student.float(), teacher.float(), dim=-1)
+    return ((student.float() - teacher.float()) ** 2).mean(-1)
+
+
+def hidden_losses(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """(B, T) squared error of each token's state, averaged over dimensions (padding: mask it out)."""
+    return ((student.float() - teacher.float()) ** 2).mean(-1)
+
+
+def relations(x: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
+    """x: (B, T, H) queries, keys or values; mask: (B, T) 1 = token. -> (B, R, T, T) log-probabilities
+    of softmax(x_r x_r^T / sqrt(d_r)) over the real keys, for R relation heads of H / R each."""
+    B, T, H = x.shape
+    xr = x.float().view(B, T, heads, H // heads).transpose(1, 2)                  # (B, R, T, d)
+    scores = xr @ xr.transpose(-1, -2) / math.sqrt(H // heads)                     # (B, R, T, T)
+    scores = scores.masked_fill(mask[:, None, None, :] == 0, float("-inf"))
+    return scores.log_softmax(-1)
+
+
+def relation_losses(student: tuple, teacher: tuple, mask: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, T) KL(teacher || student) of each query token's relations, averaged over the relation
+    heads and over q-q, k-k, v-v. student, teacher: (q, k, v), each (B, T, H) of its own width."""
+    total = 0.0
+    for s, t in zip(student, teacher):
+        ls, lt = relations(s, mask, heads), relations(t, mask, heads)             # (B, R, T, T)
+        kl = (lt.exp() * (lt - ls)).masked_fill(mask[:, None, None, :] == 0, 0.0).sum(-1)  # (B, R, T)
+        total = total + kl.mean(1)
+    return total / len(student)
+
+
+# ---- the models ---------------------------------------------------------------------------
+class LastLayerInput:
+    """Keeps what a BertModel's last attention reads, to compute its queries, keys and values."""
+
+    def __init__(self, bert: BertModel):
+        self.attn, self.x = bert.layers[-1].attn, None
+        self.handle = self.attn.register_forward_pre_hook(self._keep)
+
+    def _keep(self, module, args):
+        self.x = args[0]
+
+    def qkv(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.attn.qkv(self.x).split(self.x.size(-1), dim=2)                 # 3 x (B, T, H)
+
+
+@dataclass
+class TeacherOutput:
+    sentence: torch.Tensor        # (B, Ht) as the teacher's folder pools (and normalises) it
+    hidden: torch.Tensor | None   # (B, T, Ht) last layer
+    qkv: tuple | None             # last layer's queries, keys, values
+
+
+class Teacher:
+    """A model folder in evaluation mode, its weights frozen; its sentence vector pooled as the
+    folder declares (cls where it declares nothing)."""
+
+    def __init__(self, folder: str | Path, device):
+        self.folder = Path(folder)
+        self.bert, _ = load_model(folder, heads=False, quiet=True)
+        self.bert.to(device).eval().requires_grad_(False)
+        self.pooling = folder_pooling(folder) or "cls"
+        self.normalize = folder_normalize(folder)
+        self.config = self.bert.config
+        self.last = LastLayerInput(self.bert)
+
+    @torch.no_grad()
+    def __call__(self, batch: dict, tokens: bool, qkv: bool) -> TeacherOutput:
+        out = self.bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        vec = pool(out.sequence_output, out.pooled_output, batch["attention_mask"], self.pooling).float()
+        if self.normalize:
+            vec = F.normalize(vec, dim=-1)
+        return TeacherOutput(vec, out.sequence_output.float() if tokens else None,
+                             tuple(x.float() for x in self.last.qkv()) if qkv else None)
+
+
+class Projections(nn.Module):
+    """The student's width to the teacher's, for the sentence vector and the token states: trained
+    with the student, kept in checkpoints, not in the model folder."""
+
+    def __init__(self, student: int, teacher: int):
+        super().__init__()
+        self.sentence = Linear(student, teacher)
+        self.hidden = Linear(student, teacher)
+
+
+class Student(nn.Module):
+    """The student (BertForPreTraining: its MLM head serves MLM beside distillation) with the
+    projections, as one module for DistributedDataParallel."""
+
+    def __init__(self, model: BertForPreTraining, teacher_width: int):
+        super().__init__()
+        self.model = model
+        self.proj = Projections(model.config.hidden_size, teacher_width)
+        self.last = LastLayerInput(model.bert)
+
+    @property
+    def config(self) -> BertConfig:
+        return self.model.config
+
+    def forward(self, batch: dict, teacher: TeacherOutput, w: "Weights", counts: dict, mlm: bool):
+        """The weighted losses of this micro-batch, each a share of the global batch's (counts:
+        its texts, tokens and predictions). Returns (loss, per-signal sums as a (5,) tensor:
+        sentence, hidden, relations, mlm, summed cosine to the teacher)."""
+        mask = batch["attention_mask"]
+        out = self.model.bert(batch["input_ids"], batch["token_type_ids"], mask)
+        zero = out.pooled_output.new_zeros(()).float()
+        sent = hid = rel = mlm_loss = zero
+        vec = self.proj.sentence(pool(out.sequence_output, None, mask, "mean"))      # (B, Ht)
+        cos = F.cosine_similarity(vec.float(), teacher.sentence, dim=-1).sum().detach()
+        if w.sentence:
+            sent = sentence_losses(vec, teacher.sentence, w.sentence_loss).sum() / counts["texts"]
+        if w.hidden:
+            per_token = hidden_losses(self.proj.hidden(out.sequence_output), teacher.hidden)  # (B, T)
+            hid = (per_token * mask).sum() / counts["tokens"]
+        if w.relations:
+            per_token = relation_losses(self.last.qkv(), teacher.qkv, mask, w.relation_heads)  # (B, T)
+            rel = (per_token * mask).sum() / counts["tokens"]
+        if mlm:
+            mlm_loss = self.model(batch["mlm_input_ids"], batch["token_type_ids"], mask,
+                                  mlm_positions=batch["mlm_positions"], mlm_labels=batch["mlm_labels"],
+                                  mlm_denominator=counts["predictions"]).mlm_loss
+        loss = w.sentence * sent + w.hidden * hid + w.relations * rel + w.mlm * mlm_loss
+        return loss, torch.stack([sent.detach(), hid.detach(), rel.detach(), mlm_loss.detach().float(), cos])
+
+
+@dataclass
+class Weights:
+    sentence: float = 1.0
+    hidden: float = 0.0
+    relations: float = 0.0
+    mlm: float = 0.0
+    sentence_loss: str = "cosine"
+    relation_heads: int = RELATION_HEADS
+
+
+# ---- the student's start ------------------------------------------------------------------
+def pca_embeddings(teacher: BertModel, student: BertForPreTraining) -> None:
+    """The student's word, position and segment embeddings: the teacher's, projected on the
+    first principal components of its word embeddings (the student's width of them)."""
+    E = teacher.embeddings.word.weight.detach().float()                           # (V, Ht)
+    mean = E.mean(0)
+    _, _, V = torch.linalg.svd(E - mean, full_matrices=False)                     # V: (Ht, Ht) rows = components
+    basis = V[:student.config.hidden_size].T                                      # (Ht, Hs)
+    se, te = student.bert.embeddings, teacher.embeddings
+    with torch.no_grad():
+        se.word.weight.copy_((E - mean) @ basis)
+        n = min(se.position.num_embeddings, te.position.num_embeddings)
+        se.position.weight[:n].copy_(te.position.weight[:n].float() @ basis)
+        k = min(se.segment.num_embeddings, te.segment.num_embeddings)
+        se.segment.weight[:k].copy_(te.segment.weight[:k].float() @ basis)
+
+
+def build_student(preset_cfg: BertConfig, teacher: Teacher) -> BertForPreTraining:
+    """A preset with the teacher's vocabulary, BERT's initialisation, the embeddings from the
+    teacher's (pca_embeddings)."""
+    model = BertForPreTraining(preset_cfg)
+    init_weights(model, preset_cfg)
+    if preset_cfg.hidden_size <= teacher.config.hidden_size:
+        pca_embeddings(teacher.bert, model)
+    return model
+
+
+def check_relation_heads(heads: int, *widths: int) -> None:
+    for width in widths:
+        if width % heads:
+            raise BertkitError(f"--relation-heads {heads} does not divide a hidden size of {width}")
+
+
+# ---- checkpoints and the model folder -----------------------------------------------------
+def save_projections(proj: Projections, folder: Path) -> None:
+    tensors = {k: v.detach().cpu().contiguous() for k, v in proj.state_dict().items()}
+    atomic_write(folder / HEAD_FILE, lambda p: save_file(tensors, p))
+
+
+def load_projections(proj: Projections, folder: Path) -> None:
+    proj.load_state_dict(load_file(str(folder / HEAD_FILE)))
+
+
+def copy_sentence_transformers(teacher: Path, out: Path, width: int, max_len: int) -> bool:
+    """Make the student's folder a sentence-transformers one, pooled as it was trained (mean,
+    normalised where the teacher's was), where the teacher's folder is one with nothing past a
+    Pooling and a Normalize module. Returns whether it did."""
+    modules = folder_modules(teacher)
+    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
+    if not modules or not set(kinds) <= {"Transformer", "Pooling", "Normalize"} or "Pooling" not in kinds:
+        return False
+    written = []
+    for m, kind in zip(modules, kinds):
+        entry = {k: m[k] for k in ("idx", "name", "path", "type") if k in m}
+        if kind == "Pooling":
+            (out / m["path"]).mkdir(parents=True, exist_ok=True)
+            cfg = {"word_embedding_dimension": width, "pooling_mode_cls_token": False,
+                   "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+                   "pooling_mode_mean_sqrt_len_tokens": False}
+            (out / m["path"] / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        elif kind == "Normalize" and m.get("path"):
+            (out / m["path"]).mkdir(parents=True, exist_ok=True)
+        written.append(entry)
+    (out / "modules.json").write_text(json.dumps(written, indent=2) + "\n")
+    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_len,
+                                                                "do_lower_case": False}, indent=2) + "\n")
+    if (teacher / "config_sentence_transformers.json").is_file():
+        shutil.copyfile(teacher / "config_sentence_transformers.json", out / "config_sentence_transformers.json")
+    return True
+
+
+# ---- the teacher's sentence vectors, kept --------------------------------------------------
+class TeacherCache:
+    """The teacher's sentence vector of every text (TextBatches' text numbers), kept in
+    OUT/data/teacher/: a memory-mapped (texts, width) float32 array and a byte per text that says
+    it is filled. A row's bytes reach the disk before its flag, so a killed run leaves no flag on
+    a row it had not written."""
+
+    def __init__(self, folder: Path, n_texts: int, width: int, teacher_id: str):
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = {"texts": n_texts, "width": width, "teacher": teacher_id}
+        path = folder / "meta.json"
+        if not path.is_file() or json.loads(path.read_text()) != meta:  # another teacher or corpus: start again
+            for f in folder.glob("*.npy"):
+                f.unlink()
+            path.write_text(json.dumps(meta) + "\n")
+        self.vectors = self._open(folder / "vectors.npy", np.float32, (n_texts, width))
+        self.filled = self._open(folder / "filled.npy", np.uint8, (n_texts,))
+
+    @staticmethod
+    def _open(path: Path, dtype, shape):
+        if path.is_file():
+            return np.load(path, mmap_mode="r+")
+        return np.lib.format.open_memmap(path, mode="w+", dtype=dtype, shape=shape)
+
+    def get(self, ids: np.ndarray) -> torch.Tensor | None:
+        """The rows of these texts, if every one is filled."""
+        if not self.filled[ids].all():
+            return None
+        return torch.from_numpy(np.array(self.vectors[ids]))
+
+    def put(self, ids: np.ndarray, vectors: torch.Tensor) -> None:
+        self.vectors[ids] = vectors.detach().float().cpu().numpy()
+        self.vectors.flush()
+        self.filled[ids] = 1
+        self.filled.flush()

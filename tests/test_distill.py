@@ -1,0 +1,255 @@
+"""Distillation (`bertkit pretrain --teacher`): the losses against plain references, the student's
+start from the teacher's embeddings, the teacher's kept vectors against fresh ones, exact resume
+after SIGKILL, two processes against one, and the student folder in transformers."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from bertkit import BertkitError
+from bertkit.pretraining import distill
+from bertkit.pretraining.recipes import PretrainConfig
+from bertkit.pretraining.train import pretrain
+
+
+# ---- the losses against plain computations ----
+def test_sentence_and_hidden_losses_equal_plain_formulas():
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(5, 8, generator=g), torch.randn(5, 8, generator=g)
+    cos = [float(np.dot(a, b) / np.linalg.norm(a) / np.linalg.norm(b)) for a, b in zip(s.numpy(), t.numpy())]
+    assert distill.sentence_losses(s, t, "cosine").tolist() == pytest.approx([1 - c for c in cos], abs=1e-6)
+    mse = [float(np.mean((a - b) ** 2)) for a, b in zip(s.numpy(), t.numpy())]
+    assert distill.sentence_losses(s, t, "mse").tolist() == pytest.approx(mse, rel=1e-6)
+    hs, ht = torch.randn(2, 3, 8, generator=g), torch.randn(2, 3, 8, generator=g)
+    expected = [[float(np.mean((hs[b, i] - ht[b, i]).numpy() ** 2)) for i in range(3)] for b in range(2)]
+    np.testing.assert_allclose(distill.hidden_losses(hs, ht).numpy(), expected, rtol=1e-6)
+
+
+def _relation_reference(s, t, mask, heads):
+    """KL(teacher || student) of each query token, head by head and key by key, in plain Python."""
+    B, T, _ = s[0].shape
+    out = np.zeros((B, T))
+    for xs, xt in zip(s, t):
+        for b in range(B):
+            keys = [j for j in range(T) if mask[b, j]]
+            for i in range(T):
+                kl = 0.0
+                for r in range(heads):
+                    def probs(x):
+                        d = x.shape[-1] // heads
+                        xr = x[b, :, r * d:(r + 1) * d].double()
+                        scores = [float(xr[i] @ xr[j]) / math.sqrt(d) for j in keys]
+                        m = max(scores)
+                        e = [math.exp(v - m) for v in scores]
+                        return [v / sum(e) for v in e]
+                    ps, pt = probs(xs), probs(xt)
+                    kl += sum(p * (math.log(p) - math.log(q)) for p, q in zip(pt, ps))
+                out[b, i] += kl / heads
+    return out / 3
+
+
+def test_relation_loss_equals_a_plain_reference_whatever_the_widths():
+    """Relations of a 16-wide student against a 24-wide teacher, in 4 relation heads, padding masked."""
+    g = torch.Generator().manual_seed(1)
+    s = tuple(torch.randn(2, 5, 16, generator=g) for _ in range(3))
+    t = tuple(torch.randn(2, 5, 24, generator=g) for _ in range(3))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    got = distill.relation_losses(s, t, mask, 4)
+    assert got.shape == (2, 5)
+    np.testing.assert_allclose(got.numpy(), _relation_reference(s, t, mask, 4), rtol=1e-5, atol=1e-6)
+    assert float(distill.relation_losses(t, t, mask, 4).abs().max()) < 1e-6  # the teacher against itself
+
+
+def test_the_students_embeddings_are_the_teachers_principal_components(tiny_bert_factory):
+    teacher = tiny_bert_factory.model(hidden_size=32, vocab_size=99)
+    student_cfg = tiny_bert_factory.config(hidden_size=16, num_attention_heads=2)
+    from bertkit.model import BertForPreTraining
+    student = BertForPreTraining(student_cfg)
+    distill.pca_embeddings(teacher, student)
+    E = teacher.embeddings.word.weight.detach().double()
+    S = torch.linalg.svdvals(E - E.mean(0))
+    W = student.bert.embeddings.word.weight.detach().double()
+    cov = W.T @ W  # principal components: uncorrelated, their variances the largest singular values squared
+    torch.testing.assert_close(cov, torch.diag(S[:16] ** 2), rtol=1e-4, atol=1e-4)
+
+
+# ---- runs ----
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory, tiny_bert_factory, vocab):
+    """A tiny teacher with the test vocabulary, declared a sentence-transformers folder (mean
+    pooling, normalised) as MiniLM is."""
+    from bertkit.tokenizer import WordPieceTokenizer
+    tok = WordPieceTokenizer.from_folder(vocab)
+    path = tiny_bert_factory.folder(tmp_path_factory.mktemp("teacher"), tokenizer=tok, vocab_size=tok.vocab_size,
+                                    max_position_embeddings=64)
+    (path / "1_Pooling").mkdir()
+    (path / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32,
+                                                                "pooling_mode_mean_tokens": True}))
+    (path / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}]))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory, wiki_excerpt):
+    """7 documents of 20 sentences from the excerpt: about 120 training texts (epochs of a few
+    steps) and one held-out document."""
+    docs = [d.splitlines()[:20] for d in wiki_excerpt.read_text().split("\n\n")[:7]]
+    path = tmp_path_factory.mktemp("distill_corpus") / "c.txt"
+    path.write_text("\n\n".join("\n".join(d) for d in docs) + "\n")
+    return path
+
+
+def _cfg(corpus, teacher, out, **kw):
+    base = dict(corpus=str(corpus), teacher=str(teacher), model="tiny", out=str(out), steps=8, batch_size=32,
+                max_len=48, holdout_every=6, eval_every=4, eval_pairs=16, save_every=4, log_every=1, seed=3,
+                progress=False, sentence_per_line=True, relation_heads=4, precision="fp32")
+    return PretrainConfig(**{**base, **kw})
+
+
+def test_a_teacher_makes_the_objective_distill_and_bad_choices_are_refused(tmp_path, corpus, teacher):
+    cfg = _cfg(corpus, teacher, tmp_path / "a")
+    assert cfg.objective == "distill" and cfg.vocab == str(teacher) and cfg.short_len == 0
+    with pytest.raises(BertkitError, match="--teacher .*: not a model folder"):
+        _cfg(corpus, tmp_path / "nowhere", tmp_path / "b")
+    with pytest.raises(BertkitError, match="--teacher is for --objective distill, not electra"):
+        _cfg(corpus, teacher, tmp_path / "c", objective="electra")
+    with pytest.raises(BertkitError, match="every distillation weight is 0"):
+        _cfg(corpus, teacher, tmp_path / "d", distill_sentence=0.0)
+    with pytest.raises(BertkitError, match="--objective distill needs --teacher"):
+        PretrainConfig(corpus=str(corpus), out=str(tmp_path / "e"), objective="distill")
+
+
+def test_every_signal_trains_and_the_student_folder_loads_in_transformers(tmp_path, corpus, teacher):
+    from transformers import BertModel as HFBert
+    out = tmp_path / "s"
+    summary = pretrain(_cfg(corpus, teacher, out, distill_hidden=1.0, distill_relations=1.0, distill_mlm=0.5))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert len(train) == 8 and all(r["hidden_loss"] > 0 and r["relation_loss"] > 0 and r["mlm_loss"] > 0
+                                   for r in train)
+    assert train[-1]["loss"] < train[0]["loss"]
+    assert summary["final_eval"]["eval_texts"] == 16
+    # a sentence-transformers folder like the teacher's: mean pooling of the student's width, normalised
+    modules = json.loads((out / "modules.json").read_text())
+    assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
+    pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_mean_tokens"] and pooling["word_embedding_dimension"] == 128
+    from bertkit.checkpoint import load_model
+    ours, _ = load_model(out, heads=False)
+    ids = torch.tensor([[2, 40, 41, 42, 3]])
+    theirs = HFBert.from_pretrained(out).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(theirs(input_ids=ids).last_hidden_state, ours(ids).sequence_output,
+                                   rtol=1e-4, atol=1e-5)
+
+
+def test_kept_teacher_vectors_equal_fresh_ones(tmp_path, corpus, teacher):
+    """Epochs after the first read the teacher's sentence vectors from OUT/data/teacher: the run
+    follows the one that runs the teacher every step, and each kept row is the teacher's own."""
+    kept = pretrain(_cfg(corpus, teacher, tmp_path / "kept", steps=10, save_every=0))
+    fresh = pretrain(_cfg(corpus, teacher, tmp_path / "fresh", steps=10, save_every=0, teacher_cache=False))
+    assert kept["epoch"] >= 1  # the corpus is read more than once: the later steps read the kept vectors
+    assert not (tmp_path / "fresh" / "data" / "teacher").exists()
+    for a, b in zip(*[[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]
+                      for r in ("kept", "fresh")]):
+        for key in ("loss", "cosine", "eval_cosine"):
+            if key in a:
+                assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), (a["step"], key)
+    # the kept rows against the teacher run on the same batches
+    from bertkit.pretraining.distill_job import text_batches
+    from bertkit.pretraining.shards import TokenStore
+    from bertkit.tokenizer import WordPieceTokenizer
+    cfg = _cfg(corpus, teacher, tmp_path / "kept")
+    batches = text_batches(cfg, TokenStore(tmp_path / "kept" / "data" / "shards" / "train"),
+                           WordPieceTokenizer.from_folder(teacher), cfg.seed, cfg.batch_size)
+    cache = np.load(tmp_path / "kept" / "data" / "teacher" / "vectors.npy")
+    filled = np.load(tmp_path / "kept" / "data" / "teacher" / "filled.npy")
+    t = distill.Teacher(teacher, "cpu")
+    _, batch = next(batches.iterate())
+    assert filled[batch["text_ids"].numpy()].all()
+    np.testing.assert_array_equal(cache[batch["text_ids"].numpy()], t(batch, False, False).sentence.numpy())
+
+
+def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path, corpus, teacher):
+    import signal
+
+    from test_pretrain import _start, _wait_for_step
+
+    from bertkit.training.checkpoints import latest_checkpoint
+    args = lambda out: ["--corpus", str(corpus), "--sentence-per-line", "--teacher", str(teacher),  # noqa: E731
+                        "--out", str(out), "--steps", "10", "--batch-size", "32", "--max-len", "48",
+                        "--holdout-every", "6", "--eval-every", "5", "--eval-pairs", "16", "--save-every", "3",
+                        "--log-every", "1", "--seed", "3", "--relation-heads", "4", "--precision", "fp32",
+                        "--no-samples"]
+    straight = tmp_path / "straight"
+    assert _start(args(straight)).wait(timeout=300) == 0
+    out = tmp_path / "killed"
+    proc = _start(args(out))
+    _wait_for_step(out, 4, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert latest_checkpoint(out) is not None
+    assert _start([*args(out), "--resume"]).wait(timeout=300) == 0
+    a, b = load_file(str(straight / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+_DDP_GRADS = r'''
+import contextlib, sys, torch
+from pathlib import Path
+from bertkit.model import set_dropout
+from bertkit.pretraining import train
+from bertkit.pretraining.distill_job import DistillJob
+from bertkit.pretraining.recipes import PretrainConfig
+from bertkit.pretraining.shards import TokenStore
+from bertkit.tokenizer import WordPieceTokenizer
+from bertkit.training.distributed import init_processes
+procs = init_processes()
+out, teacher, corpus, grad_accum, dest = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
+cfg = PretrainConfig(corpus=corpus, teacher=teacher, out=str(out), steps=1, batch_size=16, max_len=48,
+                     sentence_per_line=True, relation_heads=4, distill_hidden=1.0, distill_relations=1.0,
+                     distill_mlm=0.5, grad_accum=grad_accum, teacher_cache=False, progress=False)
+tok = WordPieceTokenizer.from_folder(out / "data")
+torch.manual_seed(0)
+student = train._build_student(cfg, tok)
+set_dropout(student, cfg.dropout)  # the recipe's 0, as pretrain sets it: no masks to differ between ranks
+opt = train._optimizer(student, cfg)
+job = DistillJob(cfg, student, opt, procs, tok, TokenStore(out / "data" / "shards" / "train"), [], None,
+                 lambda m: None, None, phase=1, autocast=contextlib.nullcontext())
+_, batch = next(job.batches.iterate())
+result = job.gradients(batch)
+if procs.main:
+    torch.save({"grads": {k: p.grad.clone() for k, p in student.named_parameters() if p.grad is not None},
+                "loss": result.loss, "sums": result.sums}, dest)
+job.close()
+'''
+
+
+def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, teacher):
+    """One global batch of 16 texts, every signal on: 2 gloo ranks x 2 micro-batches equal 1 process."""
+    import os
+    import subprocess
+    import sys
+    out = tmp_path / "run"
+    pretrain(_cfg(corpus, teacher, out, steps=1, save_every=0))  # the shards both read
+    script = tmp_path / "grads.py"
+    script.write_text(_DDP_GRADS)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for procs, accum in ((2, 2), (1, 1)):
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                              str(procs), str(script), str(out), str(teacher), str(corpus), str(accum),
+                              str(tmp_path / f"g{procs}.pt")], capture_output=True, text=True, env=env, timeout=300)
+        assert run.returncode == 0, run.stderr[-3000:]
+    two, one = torch.load(tmp_path / "g2.pt"), torch.load(tmp_path / "g1.pt")
+    assert two["grads"].keys() == one["grads"].keys() and len(one["grads"]) > 10
+    for name in one["grads"]:
+        torch.testing.assert_close(two["grads"][name], one["grads"][name], rtol=1e-4, atol=1e-7, msg=name)
+    assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
+    for key in ("sentence", "hidden", "relations", "mlm", "cos"):
+        assert two["sums"][key] == pytest.approx(one["sums"][key], rel=1e-5), key
