@@ -1,4 +1,5 @@
-"""Fixtures shared by the tests; plain helpers (sentences, tiny configs and folders) live in helpers.py."""
+"""Fixtures shared by the tests, the tiny BERT among them; plain helpers (sentences, ports, torchrun)
+live in helpers.py."""
 import os
 
 import pytest
@@ -8,7 +9,40 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 torch.set_num_threads(2)
 
-from helpers import save_tiny_bert  # noqa: E402 (after the thread count)
+
+class TinyBertFactory:
+    """The tests' one tiny BERT. config(): HF's tester shape (vocab 99, hidden 32, 2 layers, 4
+    heads, FFN 37, 64 positions), milliseconds per forward. model(): a model of it drawn by
+    init_weights after torch.manual_seed(seed) (seed None: from the RNG as it stands). folder():
+    a saved model with MiniLM's real uncased vocabulary (30522 rows, 512 positions) unless the
+    overrides say otherwise: seconds to fine-tune or encode with."""
+
+    def __init__(self, minilm_folder):
+        self.minilm_folder = minilm_folder
+
+    def config(self, **overrides):
+        from bertkit import BertConfig
+        return BertConfig(**{**dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=37, max_position_embeddings=64), **overrides})
+
+    def model(self, cls=None, *, seed=0, **overrides):
+        from bertkit import BertModel
+        from bertkit.model import init_weights
+        cfg = self.config(**overrides)
+        if seed is not None:
+            torch.manual_seed(seed)
+        model = (cls or BertModel)(cfg)
+        init_weights(model, cfg)
+        return model
+
+    def folder(self, path, cls=None, *, seed=0, tokenizer=None, **overrides):
+        from bertkit import save_model
+        from bertkit.tokenizer import WordPieceTokenizer
+        model = self.model(cls, seed=seed, **{"vocab_size": 30522, "max_position_embeddings": 512, **overrides})
+        if tokenizer is None:
+            tokenizer = WordPieceTokenizer.from_folder(self.minilm_folder)
+        save_model(model, path, tokenizer=tokenizer)
+        return path
 
 
 @pytest.fixture(scope="session")
@@ -33,9 +67,15 @@ def wiki_excerpt(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tiny_bert(tmp_path_factory, minilm_folder):
-    """A tiny random BERT folder (save_tiny_bert) shared by the tests that only read it."""
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny_bert"), minilm_folder)
+def tiny_bert_factory(minilm_folder):
+    """Every tiny BERT config, model and folder of the tests (TinyBertFactory)."""
+    return TinyBertFactory(minilm_folder)
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory, tiny_bert_factory):
+    """A tiny random BERT folder (tiny_bert_factory.folder) shared by the tests that only read it."""
+    return tiny_bert_factory.folder(tmp_path_factory.mktemp("tiny_bert"))
 
 
 @pytest.fixture(scope="session")

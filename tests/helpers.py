@@ -1,6 +1,6 @@
-"""Helpers the tests import (conftest.py holds the fixtures): real sentences, tiny configs and
-model folders."""
-import torch
+"""Helpers the tests import (conftest.py holds the fixtures, the tiny BERT's among them): real
+sentences, a sentence-transformers copy of a folder, ports, torchrun and a callback that stops a
+run."""
 
 # Real sentences of different lengths: a padded batch exercises the attention mask.
 SENTENCES = [
@@ -10,27 +10,6 @@ SENTENCES = [
     "BERT reads the whole sentence at once, so every word sees its left and right context.",
     "Paris is the capital of France.",
 ]
-
-
-def hf_tester_config(**overrides):
-    """HF's tester shape: vocab 99, hidden 32, 2 layers, 4 heads; milliseconds per forward."""
-    from bertkit import BertConfig
-    return BertConfig(**{**dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                                intermediate_size=37, max_position_embeddings=64), **overrides})
-
-
-def save_tiny_bert(folder, minilm_folder, **overrides):
-    """A 2-layer, 32-wide random BERT with MiniLM's real uncased vocabulary, saved as a model
-    folder: seconds to fine-tune or encode with."""
-    from bertkit import BertModel, save_model
-    from bertkit.model import init_weights
-    from bertkit.tokenizer import WordPieceTokenizer
-    cfg = hf_tester_config(**{"vocab_size": 30522, "max_position_embeddings": 512, **overrides})
-    torch.manual_seed(0)
-    model = BertModel(cfg)
-    init_weights(model, cfg)
-    save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
-    return folder
 
 
 def sentence_transformers_copy(folder, out):

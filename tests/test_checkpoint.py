@@ -6,8 +6,6 @@ from safetensors.torch import load_file
 
 from bertkit import BertForPreTraining, BertkitError, BertModel, load_model, save_model
 from bertkit.checkpoint import name_map
-from bertkit.model import init_weights
-from helpers import hf_tester_config
 
 
 def _hf_config(cfg):
@@ -16,9 +14,9 @@ def _hf_config(cfg):
 
 
 @pytest.mark.parametrize("heads", [False, True])
-def test_name_map_covers_every_tensor_both_ways(heads):
+def test_name_map_covers_every_tensor_both_ways(tiny_bert_factory, heads):
     from transformers import BertForPreTraining as HFPreTraining, BertModel as HFBert
-    cfg = hf_tester_config()
+    cfg = tiny_bert_factory.config()
     ours = BertForPreTraining(cfg) if heads else BertModel(cfg)
     theirs = HFPreTraining(_hf_config(cfg)) if heads else HFBert(_hf_config(cfg))
     table = name_map(cfg, heads)
@@ -32,12 +30,9 @@ def test_name_map_covers_every_tensor_both_ways(heads):
     assert set(hf_names) == expected
 
 
-def test_bertkit_save_loads_in_hf_with_identical_tensors_and_outputs(tmp_path):
+def test_bertkit_save_loads_in_hf_with_identical_tensors_and_outputs(tmp_path, tiny_bert_factory):
     from transformers import BertForPreTraining as HFPreTraining, BertModel as HFBert
-    cfg = hf_tester_config()
-    torch.manual_seed(0)
-    ours = BertForPreTraining(cfg)
-    init_weights(ours, cfg)
+    ours = tiny_bert_factory.model(BertForPreTraining)
     torch.nn.init.normal_(ours.mlm.bias)  # non-zero, so a dropped bias would show
     save_model(ours, tmp_path)
     hf = HFPreTraining.from_pretrained(tmp_path).eval()
@@ -61,7 +56,7 @@ def test_bertkit_save_loads_in_hf_with_identical_tensors_and_outputs(tmp_path):
     assert torch.equal(body.state_dict()["embeddings.word_embeddings.weight"], ours.bert.embeddings.word.weight)
 
 
-def test_hf_folder_load_save_load_is_identical(tmp_path, minilm_folder):
+def test_hf_folder_load_save_load_is_identical(tmp_path, minilm_folder, tiny_bert_factory):
     original = load_file(str(minilm_folder / "model.safetensors"))
     model, _ = load_model(minilm_folder, heads=False)
     save_model(model, tmp_path / "a")
@@ -74,7 +69,7 @@ def test_hf_folder_load_save_load_is_identical(tmp_path, minilm_folder):
         assert n1 == n2 and torch.equal(p1, p2)
     # HF-saved BertForPreTraining (with heads) -> bertkit -> save -> same tensors
     from transformers import BertForPreTraining as HFPreTraining
-    cfg = hf_tester_config()
+    cfg = tiny_bert_factory.config()
     torch.manual_seed(3)
     HFPreTraining(_hf_config(cfg)).save_pretrained(tmp_path / "hf")
     ours, _ = load_model(tmp_path / "hf")
@@ -128,8 +123,8 @@ def test_config_that_does_not_match_the_weights_names_the_tensor(tmp_path, minil
         load_model(tmp_path)
 
 
-def test_save_is_atomic_and_keeps_extra_tensors(tmp_path):
-    cfg = hf_tester_config()
+def test_save_is_atomic_and_keeps_extra_tensors(tmp_path, tiny_bert_factory):
+    cfg = tiny_bert_factory.config()
     model = BertModel(cfg)
     extra = {"classifier.weight": torch.randn(3, 32)}
     save_model(model, tmp_path, extra_tensors=extra, bertkit_info={"task": "classify"})
@@ -139,11 +134,11 @@ def test_save_is_atomic_and_keeps_extra_tensors(tmp_path):
     assert json.loads((tmp_path / "bertkit.json").read_text()) == {"task": "classify"}
 
 
-def test_a_masked_lm_file_keeps_its_mlm_head_and_gets_a_pooler_and_nsp_head(tmp_path, capfd):
+def test_a_masked_lm_file_keeps_its_mlm_head_and_gets_a_pooler_and_nsp_head(tmp_path, capfd, tiny_bert_factory):
     """HF's BertForMaskedLM stores no pooler and no NSP head: the folder was refused (pooler
     missing), and with the NSP head alone missing the trained MLM head was thrown away too."""
     from transformers import BertForMaskedLM
-    cfg = hf_tester_config()
+    cfg = tiny_bert_factory.config()
     torch.manual_seed(0)
     theirs = BertForMaskedLM(_hf_config(cfg)).eval()
     with torch.no_grad():
@@ -195,11 +190,11 @@ def test_checkpoints_are_kept_and_found_by_step_number_past_seven_digits(tmp_pat
     assert latest_checkpoint(tmp_path).name == "step_10000001"
 
 
-def test_an_untied_mlm_decoder_is_refused_not_replaced(tmp_path):
+def test_an_untied_mlm_decoder_is_refused_not_replaced(tmp_path, tiny_bert_factory):
     """bertkit ties the MLM decoder to the word embeddings; a file whose decoder differs loaded
     without a word and its logits were off by up to 29."""
     from transformers import BertForMaskedLM
-    cfg = hf_tester_config()
+    cfg = tiny_bert_factory.config()
     hf_cfg = _hf_config(cfg)
     hf_cfg.tie_word_embeddings = False
     theirs = BertForMaskedLM(hf_cfg)
@@ -211,17 +206,14 @@ def test_an_untied_mlm_decoder_is_refused_not_replaced(tmp_path):
     assert load_model(tmp_path / "untied", heads=False)[0] is not None  # the encoder alone is fine
 
 
-def test_load_model_builds_undrawn_and_refuses_a_tensor_it_did_not_load(tmp_path, monkeypatch):
+def test_load_model_builds_undrawn_and_refuses_a_tensor_it_did_not_load(tmp_path, monkeypatch, tiny_bert_factory):
     """load_model allocates the weights without drawing them (each one is loaded): one left
     unloaded would hold whatever memory held, so it is an error, not a silent garbage weight."""
     import threading
 
     from bertkit import checkpoint
     from bertkit.model import Linear, weights_not_drawn
-    cfg = hf_tester_config()
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
+    model = tiny_bert_factory.model(BertForPreTraining)
     save_model(model, tmp_path / "m")
     loaded, _ = load_model(tmp_path / "m")
     for (name, theirs), ours in zip(model.state_dict().items(), loaded.state_dict().values()):
@@ -240,7 +232,7 @@ def test_load_model_builds_undrawn_and_refuses_a_tensor_it_did_not_load(tmp_path
         load_model(tmp_path / "m")
 
 
-def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path):
+def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path, tiny_bert_factory):
     """transformers saves a model over max_shard_size as model.safetensors.index.json and shards
     (model-00001-of-0000N.safetensors): such a folder was refused as having no model.safetensors."""
     import shutil
@@ -248,7 +240,7 @@ def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path):
     from transformers import BertForPreTraining as HFPreTraining
 
     from bertkit.checkpoint import has_trained_mlm_head, weight_files
-    cfg = hf_tester_config()
+    cfg = tiny_bert_factory.config()
     torch.manual_seed(0)
     theirs = HFPreTraining(_hf_config(cfg)).eval()
     theirs.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
@@ -280,12 +272,10 @@ def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path):
         load_model(bad)
 
 
-def test_a_pair_for_a_model_of_one_segment_type_is_refused_in_words(tmp_path):
+def test_a_pair_for_a_model_of_one_segment_type_is_refused_in_words(tmp_path, tiny_bert_factory):
     """config.json type_vocab_size 1 (no segment B embedding): a text pair ended in an
     IndexError from deep inside torch; single texts run, and the export still traces."""
-    from bertkit.config import BertConfig
-    cfg = BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                     intermediate_size=64, type_vocab_size=1)
+    cfg = tiny_bert_factory.config(num_hidden_layers=1, intermediate_size=64, type_vocab_size=1)
     model = BertModel(cfg).eval()
     ids = torch.tensor([[2, 5, 6, 3, 7, 3]])
     with pytest.raises(BertkitError, match="one segment type \\(config.json type_vocab_size 1\\)"):
@@ -309,17 +299,17 @@ def test_a_tensorflow_or_flax_folder_is_named_as_one(tmp_path, minilm_folder):
         load_model(tmp_path)
 
 
-def test_a_model_saved_over_a_sentence_transformers_folder_leaves_none_of_its_pipeline(tmp_path, minilm_folder):
+def test_a_model_saved_over_a_sentence_transformers_folder_leaves_none_of_its_pipeline(tmp_path, minilm_folder,
+                                                                                        tiny_bert_factory):
     # `finetune --overwrite` into an old MiniLM copy kept its modules.json: encode then pooled the
     # new model by the mean and normalised it, as the old folder declared
     import shutil
 
     from bertkit.inference.encode import Encoder, folder_pooling
-    from helpers import save_tiny_bert
     out = tmp_path / "out"
     shutil.copytree(minilm_folder, out)
     assert folder_pooling(out) == "mean"
-    save_tiny_bert(out, minilm_folder)
+    tiny_bert_factory.folder(out)
     assert not any((out / n).exists() for n in ("modules.json", "sentence_bert_config.json",
                                                 "config_sentence_transformers.json"))
     enc = Encoder.from_folder(out, device="cpu")

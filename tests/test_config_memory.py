@@ -9,18 +9,16 @@ import bertkit.config
 from bertkit import BertConfig, BertForPreTraining, BertModel
 from bertkit.cli import main
 from bertkit.errors import BertkitError
-from helpers import hf_tester_config
 
 
 def _numel(module) -> int:
     return sum(p.numel() for p in module.parameters())  # a tied Parameter is listed once
 
 
-@pytest.mark.parametrize("make", [lambda: BertConfig.preset("tiny"), hf_tester_config,
-                                  lambda: hf_tester_config(type_vocab_size=3, intermediate_size=50)],
+@pytest.mark.parametrize("overrides", [None, {}, {"type_vocab_size": 3, "intermediate_size": 50}],
                          ids=["tiny", "hf_tester", "hf_tester_odd"])
-def test_parameter_count_matches_the_built_model(make):
-    cfg = make()
+def test_parameter_count_matches_the_built_model(tiny_bert_factory, overrides):
+    cfg = BertConfig.preset("tiny") if overrides is None else tiny_bert_factory.config(**overrides)
     with torch.device("meta"):  # shapes only, nothing allocated
         assert cfg.parameter_count() == _numel(BertForPreTraining(cfg))
         assert cfg.parameter_count(heads=False) == _numel(BertModel(cfg))

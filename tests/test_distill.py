@@ -154,6 +154,7 @@ def test_kept_teacher_vectors_equal_fresh_ones(tmp_path, corpus, teacher):
     follows the one that runs the teacher every step, and each kept row is the teacher's own."""
     kept = pretrain(_cfg(corpus, teacher, tmp_path / "kept", steps=10, save_every=0))
     fresh = pretrain(_cfg(corpus, teacher, tmp_path / "fresh", steps=10, save_every=0, teacher_cache=False))
+    assert fresh["epoch"] == kept["epoch"]
     assert kept["epoch"] >= 1  # the corpus is read more than once: the later steps read the kept vectors
     assert not (tmp_path / "fresh" / "data" / "teacher").exists()
     for a, b in zip(*[[json.loads(x) for x in (tmp_path / r / "metrics.jsonl").read_text().splitlines()]

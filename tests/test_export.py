@@ -9,7 +9,7 @@ import torch
 from bertkit.inference.attention import attention_maps
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from helpers import SENTENCES, hf_tester_config, sentence_transformers_copy
+from helpers import SENTENCES, sentence_transformers_copy
 
 pytest.importorskip("onnxruntime")
 
@@ -21,13 +21,8 @@ def exported(tmp_path_factory, tiny_bert):
     return out
 
 
-def test_attention_maps_are_the_ones_the_model_uses():
-    from bertkit import BertModel
-    from bertkit.model import init_weights
-    cfg = hf_tester_config()
-    torch.manual_seed(0)
-    model = BertModel(cfg).eval()
-    init_weights(model, cfg)
+def test_attention_maps_are_the_ones_the_model_uses(tiny_bert_factory):
+    model = tiny_bert_factory.model().eval()
     ids = torch.randint(5, 99, (2, 9))
     mask = torch.ones_like(ids)
     mask[1, 6:] = 0

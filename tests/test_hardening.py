@@ -166,17 +166,13 @@ def test_a_csv_field_over_128_kib_is_read(tmp_path):
     assert [r["text"] for r in rows] == ["great " * 40_000, "bad"]
 
 
-def test_saved_model_files_are_as_readable_as_any_file_the_user_writes(tmp_path, minilm_folder):
+def test_saved_model_files_are_as_readable_as_any_file_the_user_writes(tmp_path, tiny_bert_factory):
     """mkstemp made them 0600: the rename carried that to model folders other users read."""
     import stat
-    from bertkit import BertConfig, BertModel, save_model
-    from bertkit.tokenizer import WordPieceTokenizer
     plain = tmp_path / "plain.txt"
     plain.write_text("x")
     mode = stat.S_IMODE(plain.stat().st_mode)
-    model = BertModel(BertConfig(vocab_size=99, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
-                                 intermediate_size=37, max_position_embeddings=16))
-    save_model(model, tmp_path / "m", tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
+    tiny_bert_factory.folder(tmp_path / "m")
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in (tmp_path / "m").iterdir()}
     assert "model.safetensors" in modes and "vocab.txt" in modes
     assert set(modes.values()) == {mode}, (oct(mode), modes)
@@ -212,9 +208,8 @@ def test_task_options_are_checked_and_listed():
 
 # ---- a vocabulary larger than the model; fill-mask past the limit ----------------------------
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory, minilm_folder):
-    from helpers import save_tiny_bert
-    return save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder, max_position_embeddings=16)
+def tiny_folder(tmp_path_factory, tiny_bert_factory):
+    return tiny_bert_factory.folder(tmp_path_factory.mktemp("tiny"), max_position_embeddings=16)
 
 
 def test_vocabulary_larger_than_the_embeddings_is_refused(tiny_folder, tmp_path):

@@ -4,7 +4,6 @@ import pytest
 import torch
 
 from bertkit import BertkitError, Encoder
-from helpers import hf_tester_config
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +20,13 @@ def test_find_matches_a_whole_word_not_the_end_of_another(encoder):
         encoder.token_vectors(["the riverbank"])[0].find("bank")
 
 
-def test_find_is_case_blind_with_a_cased_vocabulary():
+def test_find_is_case_blind_with_a_cased_vocabulary(tiny_bert_factory):
     # a cased model keeps "Paris" as is: the lower-cased match missed it
     from bertkit import BertModel
     from bertkit.tokenizer import WordPieceTokenizer
     tok = WordPieceTokenizer.train(["Paris is in France.", "paris and Rome"] * 20, vocab_size=200, lowercase=False)
     torch.manual_seed(0)
-    enc = Encoder(BertModel(hf_tester_config(vocab_size=tok.vocab_size)), tok, device="cpu")
+    enc = Encoder(BertModel(tiny_bert_factory.config(vocab_size=tok.vocab_size)), tok, device="cpu")
     [tv] = enc.token_vectors(["He saw Paris."])
     assert "Paris" in tv.tokens
     np.testing.assert_array_equal(tv.find("Paris"), tv.vectors[tv.tokens.index("Paris")])
@@ -55,7 +54,7 @@ def test_a_sentence_transformers_step_encode_does_not_run_is_warned_of(tmp_path,
         assert "differ from sentence-transformers'" in str(caught[0].message)
 
 
-def test_fill_mask_never_answers_an_id_past_the_tokenizer():
+def test_fill_mask_never_answers_an_id_past_the_tokenizer(tiny_bert_factory):
     # a config.json vocab_size padded past the vocabulary (as some checkpoints are, to a multiple
     # of 8): a padded row scoring high came back as {"token": None}
     from bertkit import BertForPreTraining
@@ -63,7 +62,7 @@ def test_fill_mask_never_answers_an_id_past_the_tokenizer():
     from bertkit.tokenizer import WordPieceTokenizer
     tok = WordPieceTokenizer.train(["the cat sat on the mat.", "a dog ran in the park."] * 20, vocab_size=120)
     torch.manual_seed(0)
-    model = BertForPreTraining(hf_tester_config(vocab_size=tok.vocab_size + 8)).eval()
+    model = BertForPreTraining(tiny_bert_factory.config(vocab_size=tok.vocab_size + 8)).eval()
     with torch.no_grad():
         model.mlm.bias[tok.vocab_size:] = 50.0  # the padded rows would win every slot
     [[cands]] = fill_mask(model, tok, ["the [MASK] sat."], top_k=3)
@@ -72,7 +71,7 @@ def test_fill_mask_never_answers_an_id_past_the_tokenizer():
 
 
 @pytest.mark.parametrize("lowercase", [True, False])
-def test_find_normalizes_the_word_as_the_tokenizer_does(lowercase):
+def test_find_normalizes_the_word_as_the_tokenizer_does(tiny_bert_factory, lowercase):
     # an uncased vocabulary strips accents: the pieces read "cafe" and find("Café") missed them;
     # a CJK word is split into one word per character by the normalizer
     from bertkit import BertModel
@@ -80,7 +79,7 @@ def test_find_normalizes_the_word_as_the_tokenizer_does(lowercase):
     tok = WordPieceTokenizer.train(["Café au lait at the Café.", "we met in 北京 today"] * 20, vocab_size=200,
                                    lowercase=lowercase)
     torch.manual_seed(0)
-    enc = Encoder(BertModel(hf_tester_config(vocab_size=tok.vocab_size)), tok, device="cpu")
+    enc = Encoder(BertModel(tiny_bert_factory.config(vocab_size=tok.vocab_size)), tok, device="cpu")
     [tv] = enc.token_vectors(["He saw the Café in 北京."])
     word = "cafe" if lowercase else "Café"
     assert word in tv.tokens
@@ -93,14 +92,14 @@ def test_find_normalizes_the_word_as_the_tokenizer_does(lowercase):
         tv.find("saw café")  # both words of the text, but not in a row
 
 
-def test_find_keeps_word_boundaries_of_a_phrase(tmp_path):
+def test_find_keeps_word_boundaries_of_a_phrase(tmp_path, tiny_bert_factory):
     # "new york" must be two words: the pieces of "newyork" (new ##york) are not it
     from bertkit import BertModel
     from bertkit.tokenizer import SPECIAL_TOKENS, WordPieceTokenizer
     (tmp_path / "vocab.txt").write_text("\n".join(SPECIAL_TOKENS + ["i", "love", "new", "york", "##york"]) + "\n")
     tok = WordPieceTokenizer.from_vocab(tmp_path / "vocab.txt", lowercase=True)
     torch.manual_seed(0)
-    enc = Encoder(BertModel(hf_tester_config(vocab_size=tok.vocab_size)), tok, device="cpu")
+    enc = Encoder(BertModel(tiny_bert_factory.config(vocab_size=tok.vocab_size)), tok, device="cpu")
     glued, spaced = enc.token_vectors(["i love newyork", "i love new york"])
     assert "##york" in glued.tokens, glued.tokens
     with pytest.raises(BertkitError, match="not found"):

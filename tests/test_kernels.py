@@ -13,8 +13,6 @@ import torch.nn.functional as F
 
 from bertkit import BertForPreTraining, kernels
 from bertkit.kernels import dropout as kdrop
-from bertkit.model import init_weights
-from helpers import hf_tester_config
 
 
 def _batch(cfg, seed=0):
@@ -36,11 +34,10 @@ def _step(model, batch):
     return out, {k: p.grad.clone() for k, p in model.named_parameters()}
 
 
-def test_a_pretraining_step_on_the_default_kernels_equals_the_reference_backend():
-    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)  # masks differ by design
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
+def test_a_pretraining_step_on_the_default_kernels_equals_the_reference_backend(tiny_bert_factory):
+    model = tiny_bert_factory.model(BertForPreTraining, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)  # masks differ by design
+    cfg = model.config
     batch = _batch(cfg)
     fast, fast_grads = _step(model, batch)
     with kernels.use(kernels.REFERENCE):
@@ -58,8 +55,8 @@ def test_a_pretraining_step_on_the_default_kernels_equals_the_reference_backend(
     assert mixed.mlm_logits is not None and mixed.sequence_output is None
 
 
-def test_the_pretraining_forward_returns_the_same_fields_with_or_without_gradients():
-    cfg = hf_tester_config()
+def test_the_pretraining_forward_returns_the_same_fields_with_or_without_gradients(tiny_bert_factory):
+    cfg = tiny_bert_factory.config()
     model = BertForPreTraining(cfg).eval()
     batch = _batch(cfg, seed=1)
     fields = lambda out: {f.name for f in dataclasses.fields(out) if getattr(out, f.name) is None}  # noqa: E731

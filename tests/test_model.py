@@ -4,12 +4,10 @@ import dataclasses
 import pytest
 import torch
 
-from bertkit import PRESETS, BertConfig, BertForPreTraining, BertModel, kernels
+from bertkit import PRESETS, BertConfig, BertForPreTraining, kernels
 from bertkit.kernels import attention as kattn
 from bertkit.kernels import dropout as kdrop
 from bertkit.kernels import linear as klin
-from bertkit.model import init_weights
-from helpers import hf_tester_config
 
 
 @pytest.fixture
@@ -45,11 +43,9 @@ def test_every_preset_builds_with_hf_parameter_count_and_shapes(name):
     assert out.nsp_logits.shape == (2, 2)
 
 
-def test_pretraining_heads_shapes_losses_and_gradients():
-    cfg = hf_tester_config()
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
+def test_pretraining_heads_shapes_losses_and_gradients(tiny_bert_factory):
+    model = tiny_bert_factory.model(BertForPreTraining)
+    cfg = model.config
     ids, types, mask = _inputs(cfg)
     positions = torch.randint(0, 4, (13, 3))
     labels = torch.randint(0, cfg.vocab_size, (13, 3))
@@ -68,15 +64,15 @@ def test_pretraining_heads_shapes_losses_and_gradients():
             assert p.grad.abs().sum() > 0, f"no gradient reaches {name}"
 
 
-def test_mlm_decoder_is_tied_to_word_embeddings():
-    model = BertForPreTraining(hf_tester_config())
+def test_mlm_decoder_is_tied_to_word_embeddings(tiny_bert_factory):
+    model = BertForPreTraining(tiny_bert_factory.config())
     assert model.mlm.decoder_weight is model.bert.embeddings.word.weight
     # one parameter, counted once
     assert len({id(p) for p in model.parameters()}) == len(list(model.parameters()))
 
 
-def test_mlm_head_projects_only_the_given_positions():
-    cfg = hf_tester_config()
+def test_mlm_head_projects_only_the_given_positions(tiny_bert_factory):
+    cfg = tiny_bert_factory.config()
     torch.manual_seed(1)
     model = BertForPreTraining(cfg).eval()
     ids, types, mask = _inputs(cfg)
@@ -91,11 +87,9 @@ def test_mlm_head_projects_only_the_given_positions():
     torch.testing.assert_close(out.mlm_logits, expected)
 
 
-def test_bert_model_gradients_and_padding_does_not_leak():
-    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(2)
-    model = BertModel(cfg)
-    init_weights(model, cfg)
+def test_bert_model_gradients_and_padding_does_not_leak(tiny_bert_factory):
+    model = tiny_bert_factory.model(seed=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = model.config
     ids, types, mask = _inputs(cfg)
     out = model(ids, types, mask)
     out.pooled_output.sum().backward()
@@ -111,17 +105,12 @@ def test_bert_model_gradients_and_padding_does_not_leak():
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
+def test_fused_mlm_loss_equals_the_plain_cross_entropy(tiny_bert_factory, autocast):
     """The training path (fused linear + cross-entropy at the used slots) gives the loss,
     predictions and gradients of the plain path (logits, then F.cross_entropy)."""
     import torch.nn.functional as F
 
-    from bertkit import BertForPreTraining
-    from bertkit.model import init_weights
-    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
+    model = tiny_bert_factory.model(BertForPreTraining, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     with torch.no_grad():
         model.mlm.bias.normal_(0, 0.5)  # a bias that matters
     ids = torch.randint(5, 99, (13, 7))
@@ -167,7 +156,8 @@ def test_fused_mlm_loss_equals_the_plain_cross_entropy(autocast):
 
 
 @pytest.mark.parametrize("per_head", [True, False])
-def test_training_runs_the_last_layer_at_cls_and_the_slots_only_with_the_full_layers_result(monkeypatch, per_head):
+def test_training_runs_the_last_layer_at_cls_and_the_slots_only_with_the_full_layers_result(monkeypatch, per_head,
+                                                                                             tiny_bert_factory):
     """Pretraining reads the last layer at [CLS] and the predicted slots only, so the training
     path computes it only there (keys and values still from every token): the loss and every
     gradient equal those of the full last layer, with padding, on both spelled-out attention
@@ -176,10 +166,8 @@ def test_training_runs_the_last_layer_at_cls_and_the_slots_only_with_the_full_la
 
     from bertkit import model as bk
     monkeypatch.setattr(kattn, "PER_HEAD_MIN", 0 if per_head else 1 << 60)
-    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(4)
-    net = BertForPreTraining(cfg)
-    init_weights(net, cfg)
+    net = tiny_bert_factory.model(BertForPreTraining, seed=4, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    cfg = net.config
     ids, types, mask = _inputs(cfg)
     positions = torch.randint(0, 4, (13, 3))
     labels = torch.randint(5, 99, (13, 3))
@@ -599,9 +587,9 @@ def test_onednn_linear_is_on_where_it_was_measured_faster_and_the_environment_ca
     assert run(BERTKIT_ONEDNN_LINEAR="0")[0] is False
 
 
-def test_pretraining_forward_with_no_mlm_positions_gives_empty_logits():
+def test_pretraining_forward_with_no_mlm_positions_gives_empty_logits(tiny_bert_factory):
     """NSP alone (no slot to predict) failed to reshape its 0 logits."""
-    cfg = hf_tester_config()
+    cfg = tiny_bert_factory.config()
     model = BertForPreTraining(cfg).eval()
     ids = torch.randint(5, cfg.vocab_size, (2, 7))
     with torch.no_grad():

@@ -3,16 +3,11 @@ per-tensor loop, the plain path it replaces, over several steps of a real BERT s
 import torch
 
 from bertkit import BertForPreTraining
-from bertkit.model import init_weights
 from bertkit.optim import adamw
-from helpers import hf_tester_config
 
 
-def _train(fused: bool, steps: int = 5) -> tuple[dict, torch.optim.Optimizer]:
-    cfg = hf_tester_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    torch.manual_seed(0)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
+def _train(tiny_bert_factory, fused: bool, steps: int = 5) -> tuple[dict, torch.optim.Optimizer]:
+    model = tiny_bert_factory.model(BertForPreTraining, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     opt = adamw(model, 1e-3, 0.01, eps=1e-6)
     for group in opt.param_groups:
         group["fused"] = fused or None
@@ -33,9 +28,9 @@ def test_bertkit_adamw_is_fused_on_cpu():
     assert all(g["fused"] for g in adamw(model, 1e-3, 0.01).param_groups)
 
 
-def test_fused_adamw_equals_the_per_tensor_loop():
-    fused, opt_f = _train(True)
-    plain, opt_p = _train(False)
+def test_fused_adamw_equals_the_per_tensor_loop(tiny_bert_factory):
+    fused, opt_f = _train(tiny_bert_factory, True)
+    plain, opt_p = _train(tiny_bert_factory, False)
     for name in plain:
         torch.testing.assert_close(fused[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
     # the moments, which a checkpoint carries, agree too

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bertkit.cli import main
-from helpers import free_port, save_tiny_bert
+from helpers import free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -118,16 +118,15 @@ def test_fill_mask_and_attention_on_a_model_bertkit_pretrained(browser, tmp_path
         server.stop()
 
 
-def test_question_answering_highlights_the_answer(browser, tmp_path_factory, minilm_folder):
+def test_question_answering_highlights_the_answer(browser, tmp_path_factory, tiny_bert):
     from selenium.webdriver.common.by import By
     from bertkit.data.squad_subset import squad_subset_file
-    tiny = save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
     squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
     article = squad["data"][0]
     article["paragraphs"] = article["paragraphs"][:1]
     work = tmp_path_factory.mktemp("qa")
     (work / "small.json").write_text(json.dumps({"version": "1.1", "data": [article]}))
-    assert main(["finetune", "qa", "--model", str(tiny), "--train", str(work / "small.json"), "--eval",
+    assert main(["finetune", "qa", "--model", str(tiny_bert), "--train", str(work / "small.json"), "--eval",
                  str(work / "small.json"), "--out", str(work / "model"), "--epochs", "1", "--max-len", "128"]) == 0
     server = Server(work / "model")
     try:
@@ -156,17 +155,16 @@ def test_question_answering_highlights_the_answer(browser, tmp_path_factory, min
         server.stop()
 
 
-def test_summaries_are_shown_sentence_by_sentence(browser, tmp_path_factory, minilm_folder):
+def test_summaries_are_shown_sentence_by_sentence(browser, tmp_path_factory, tiny_bert):
     """/predict gives a summarize folder's summary as a list of sentences (the page called
     .replace on it and showed a TypeError instead)."""
     from selenium.webdriver.common.by import By
     from bertkit.data.registry import export
-    tiny = save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
     work = tmp_path_factory.mktemp("summarize")
     export("aclsum", work / "aclsum")
     rows = (work / "aclsum" / "train.jsonl").read_text().splitlines()[:8]
     (work / "small.jsonl").write_text("\n".join(rows) + "\n")
-    assert main(["finetune", "summarize", "--model", str(tiny), "--train", str(work / "small.jsonl"), "--eval",
+    assert main(["finetune", "summarize", "--model", str(tiny_bert), "--train", str(work / "small.jsonl"), "--eval",
                  str(work / "small.jsonl"), "--out", str(work / "model"), "--epochs", "1", "--max-len", "128"]) == 0
     server = Server(work / "model")
     try:
@@ -182,13 +180,12 @@ def test_summaries_are_shown_sentence_by_sentence(browser, tmp_path_factory, min
         server.stop()
 
 
-def test_entities_are_highlighted_whole(browser, tmp_path_factory, minilm_folder):
+def test_entities_are_highlighted_whole(browser, tmp_path_factory, tiny_bert):
     """The page marks each entity /predict gives, over all its words, labelled with its type."""
     from selenium.webdriver.common.by import By
-    tiny = save_tiny_bert(tmp_path_factory.mktemp("tiny"), minilm_folder)
     work = tmp_path_factory.mktemp("ner")
     (work / "train.conll").write_text("Peter B-person\nBlackburn I-person\nvisited O\nParis B-geo-loc\n.\tO\n\n" * 16)
-    assert main(["finetune", "ner", "--model", str(tiny), "--train", str(work / "train.conll"), "--eval",
+    assert main(["finetune", "ner", "--model", str(tiny_bert), "--train", str(work / "train.conll"), "--eval",
                  str(work / "train.conll"), "--out", str(work / "model"), "--epochs", "4", "--lr", "1e-3",
                  "--batch-size", "8", "--seed", "0"]) == 0
     server = Server(work / "model")

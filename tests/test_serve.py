@@ -13,11 +13,10 @@ import urllib.request
 
 import numpy as np
 import pytest
-import torch
 
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from helpers import SENTENCES, free_port, hf_tester_config
+from helpers import SENTENCES, free_port
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -26,18 +25,10 @@ from bertkit.inference.serve import ServeConfig, create_app  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory, minilm_folder):
+def pretrained(tmp_path_factory, tiny_bert_factory):
     """A tiny BERT with trained-looking MLM and NSP heads (cls.* tensors in the file)."""
-    from bertkit import save_model
-    from bertkit.model import BertForPreTraining, init_weights
-    from bertkit.tokenizer import WordPieceTokenizer
-    cfg = hf_tester_config(vocab_size=30522, max_position_embeddings=512)
-    torch.manual_seed(1)
-    model = BertForPreTraining(cfg)
-    init_weights(model, cfg)
-    folder = tmp_path_factory.mktemp("pretrained")
-    save_model(model, folder, tokenizer=WordPieceTokenizer.from_folder(minilm_folder))
-    return folder
+    from bertkit.model import BertForPreTraining
+    return tiny_bert_factory.folder(tmp_path_factory.mktemp("pretrained"), BertForPreTraining, seed=1)
 
 
 @pytest.fixture(scope="module")
