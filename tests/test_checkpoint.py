@@ -15,7 +15,8 @@ def _hf_config(cfg):
 
 @pytest.mark.parametrize("heads", [False, True])
 def test_name_map_covers_every_tensor_both_ways(tiny_bert_factory, heads):
-    from transformers import BertForPreTraining as HFPreTraining, BertModel as HFBert
+    from transformers import BertForPreTraining as HFPreTraining
+    from transformers import BertModel as HFBert
     cfg = tiny_bert_factory.config()
     ours = BertForPreTraining(cfg) if heads else BertModel(cfg)
     theirs = HFPreTraining(_hf_config(cfg)) if heads else HFBert(_hf_config(cfg))
@@ -31,7 +32,8 @@ def test_name_map_covers_every_tensor_both_ways(tiny_bert_factory, heads):
 
 
 def test_bertkit_save_loads_in_hf_with_identical_tensors_and_outputs(tmp_path, tiny_bert_factory):
-    from transformers import BertForPreTraining as HFPreTraining, BertModel as HFBert
+    from transformers import BertForPreTraining as HFPreTraining
+    from transformers import BertModel as HFBert
     ours = tiny_bert_factory.model(BertForPreTraining)
     torch.nn.init.normal_(ours.mlm.bias)  # non-zero, so a dropped bias would show
     save_model(ours, tmp_path)

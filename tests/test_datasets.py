@@ -360,7 +360,7 @@ def test_greedy_labels_equal_scoring_each_selection_whole(wiki_excerpt):
         words = " ".join(rng.sample(sentences, min(3, len(sentences)))).split()
         summary = " ".join(w for w in words if rng.random() < 0.6) or "the"
         assert readers.greedy_labels(sentences, summary) == _greedy_plain(sentences, summary), case
-    for case in range(300):  # four words: bigrams across sentence joins decide often
+    for _ in range(300):  # four words: bigrams across sentence joins decide often
         sentences = [" ".join(rng.choices("abcd", k=rng.randint(0, 3))) for _ in range(rng.randint(1, 8))]
         summary = " ".join(rng.choices("abcd", k=rng.randint(1, 6)))
         assert readers.greedy_labels(sentences, summary) == _greedy_plain(sentences, summary), (sentences, summary)

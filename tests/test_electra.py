@@ -9,6 +9,7 @@ import subprocess
 
 import pytest
 import torch
+from helpers import torchrun
 from safetensors.torch import load_file
 
 from bertkit import BertkitError
@@ -16,7 +17,6 @@ from bertkit.cli import main
 from bertkit.pretraining import electra
 from bertkit.pretraining.data import phase_batches
 from bertkit.pretraining.train import PretrainConfig, pretrain
-from helpers import torchrun
 
 
 def _cfg(corpus, out, **kw):

@@ -3,11 +3,11 @@ import json
 import numpy as np
 import pytest
 import torch
+from helpers import SENTENCES
 
 from bertkit import BertkitError, Encoder
 from bertkit.cli import main
 from bertkit.inference.encode import cosine, folder_pooling
-from helpers import SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,8 @@ def test_mean_pooling_equals_sentence_transformers_recipe(encoder, minilm_folder
     """The folder's modules run as sentence-transformers runs them: transformers' BertModel, the
     masked mean (1_Pooling), unit length (2_Normalize), texts read up to max_seq_length 256 of
     the 512 positions (sentence_bert_config.json); computed independently here."""
-    from transformers import AutoTokenizer, BertModel as HFBert
+    from transformers import AutoTokenizer
+    from transformers import BertModel as HFBert
     hf = HFBert.from_pretrained(str(minilm_folder)).eval()
     long = " ".join(["the bank of the river was steep and muddy after the rain"] * 40)  # ~480 tokens
     texts = SENTENCES + [long]
@@ -214,11 +215,11 @@ def test_encode_runs_in_fp32_unless_bf16_is_asked_for(minilm_folder, encoder):
 
 
 def test_predict_runs_in_fp32_by_default(minilm_folder, tiny_bert_factory):
-    from bertkit.tasks.runner import run_task
+    from bertkit import BertModel
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.runner import run_task
     from bertkit.tokenizer import WordPieceTokenizer
-    from bertkit import BertModel
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     task = get_task("classify")()
     examples = task.read_inputs(texts=["a fine film", "dull"])

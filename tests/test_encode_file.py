@@ -10,13 +10,13 @@ import time
 
 import numpy as np
 import pytest
+from helpers import torchrun
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
 from bertkit.inference.encode import Encoder
 from bertkit.inference.encode_file import done_chunks, encode_file, partial_folder
 from bertkit.inputs import read_chunk, read_text_inputs, scan_text_inputs
-from helpers import torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 BATCH = 4

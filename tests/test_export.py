@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from bertkit.inference.attention import attention_maps
-from bertkit.cli import main
-from bertkit.inference.encode import Encoder
 from helpers import SENTENCES, sentence_transformers_copy
+
+from bertkit.cli import main
+from bertkit.inference.attention import attention_maps
+from bertkit.inference.encode import Encoder
 
 pytest.importorskip("onnxruntime")
 
@@ -152,6 +152,7 @@ def test_export_runs_the_plain_linear_where_fp32_inference_takes_onednn(tmp_path
     """On a CPU where bertkit's fp32 inference runs oneDNN's linear kernel (kernels.AUTO), the
     exported graph still holds plain ONNX operators that ONNX Runtime runs within 1e-4."""
     import onnx
+
     from bertkit import kernels
     path = tmp_path / "encoder.onnx"
     with torch.no_grad(), kernels.use(kernels.Backend(onednn_linear=True)):  # as a caller of the Python API may export
@@ -163,6 +164,7 @@ def test_export_runs_the_plain_linear_where_fp32_inference_takes_onednn(tmp_path
 def _assert_onnx_file_equals_pytorch(path, folder, texts, pairs=None):
     """The ONNX file's outputs on ONNX Runtime within 1e-4 of the folder's model in PyTorch."""
     import onnxruntime as ort
+
     from bertkit.checkpoint import load_model, load_tokenizer
     batch = load_tokenizer(folder).encode(texts, pairs)
     bert, _ = load_model(folder, heads=False, quiet=True)

@@ -4,12 +4,12 @@ import math
 
 import pytest
 import torch
+from helpers import sentence_transformers_copy
 
 from bertkit import BertModel
 from bertkit.cli import main
 from bertkit.model import init_weights
 from bertkit.tokenizer import WordPieceTokenizer
-from helpers import sentence_transformers_copy
 
 
 def _run(capsys, *argv):
@@ -37,6 +37,7 @@ def test_classify_end_to_end(tmp_path, tiny_bert, capsys):
     assert abs(sum(preds[0]["scores"].values()) - 1) < 1e-5
     # the pooler + linear head is transformers' BertForSequenceClassification: same logits there
     from transformers import BertForSequenceClassification
+
     from bertkit.tasks.folder import load_task_model
     hf = BertForSequenceClassification.from_pretrained(str(out)).eval()
     task, model, tok = load_task_model(out)
@@ -123,9 +124,9 @@ def test_classify_features_of_a_text_do_not_depend_on_the_others_in_the_call(min
 def test_zero_piece_words_do_not_shift_labels(minilm_folder, tiny_bert_factory, capsys, task_name, invisible):
     # a word the normaliser drops entirely has no first piece: labels and predictions must stay
     # keyed by word id, not by the k-th first piece
-    from bertkit.tasks.runner import run_task
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.runner import run_task
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     task = get_task(task_name)()
     examples = [{"words": ["the", invisible, "cat"], "tags": ["O", "O", "B-animal"]},
@@ -386,6 +387,7 @@ def test_length_grouped_batches_cover_every_example_once_with_less_padding():
 
 def test_classification_metrics_on_a_hand_checked_case():
     import numpy as np
+
     from bertkit.tasks.classify import classification_metrics
     # gold a a b b c ; predicted a b b b a
     m = classification_metrics(np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 1, 0]), ["a", "b", "c"])
@@ -440,9 +442,9 @@ def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_orde
     """run_task batches the features by length (less padding) and hands the predictions back in
     input order: the same as decoding batches taken in input order."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.tasks.runner import length_order, run_task, task_outputs
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.runner import length_order, run_task, task_outputs
     task = get_task(task_name)()
     if task_name == "classify":
         words = "a wonderful moving film that is dull and far too long but the best thing this year".split()
@@ -482,9 +484,9 @@ def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_
     run it there only: loss, outputs and every gradient equal those of the full last layer (mean
     pooling reads every position and runs it in full)."""
     from bertkit.checkpoint import load_model, load_tokenizer
-    from bertkit.tasks.runner import feature_batches
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.runner import feature_batches
     task = get_task(task_name)()
     if task_name == "classify":
         path = tmp_path / "data.csv"
@@ -538,6 +540,7 @@ def test_ner_decodes_the_best_valid_bio_sequence(minilm_folder):
     # decoding gives the best valid sequence under the same probabilities; argmax keeps the words'
     # own tags; a label set that is not BIO cannot be decoded that way and is refused up front
     import itertools
+
     from bertkit.errors import BertkitError
     from bertkit.tasks.ner import NerTask
     examples = [{"words": ["Peter", "Blackburn", "visited", "Paris"],
@@ -637,9 +640,9 @@ def test_evaluation_loss_does_not_depend_on_the_batch_size(tmp_path, tiny_bert, 
     batch 64 and 1.0627 at 100, on a trained classifier)."""
     from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export
-    from bertkit.tasks.runner import run_task
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.runner import run_task
     name, file = ("rotten-tomatoes", "train.jsonl") if task_name == "classify" else ("wnut16", "train.conll")
     export(name, tmp_path / name)
     task = get_task(task_name)()
@@ -701,9 +704,9 @@ def test_a_head_transformers_would_run_otherwise_is_not_loaded_by_it_silently(tm
     from transformers import AutoModelForSequenceClassification
 
     from bertkit.checkpoint import load_model
-    from bertkit.tasks.folder import load_task_model, save_task_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.folder import load_task_model, save_task_model
     bert, _ = load_model(tiny_bert, heads=False)
     task = get_task("classify")({"labels": ["a", "b"], "pooling": pooling})
     torch.manual_seed(0)

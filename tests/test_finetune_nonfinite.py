@@ -12,9 +12,9 @@ from safetensors.torch import load_file
 import bertkit.finetune
 from bertkit.errors import BertkitError
 from bertkit.finetune import FinetuneConfig, finetune
-from bertkit.training.loop import MAX_BAD_STEPS
 from bertkit.tasks.classify import ClassifyTask
 from bertkit.tokenizer import WordPieceTokenizer
+from bertkit.training.loop import MAX_BAD_STEPS
 
 WORDS = ["a", "good", "great", "fine", "film", "bad", "dull", "awful", "plot"]
 ROWS = [("a good film", "pos"), ("a bad plot", "neg"), ("great fine film", "pos"), ("dull awful plot", "neg")] * 4

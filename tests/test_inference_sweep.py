@@ -39,6 +39,7 @@ def test_a_sentence_transformers_step_encode_does_not_run_is_warned_of(tmp_path,
     import warnings
 
     from helpers import sentence_transformers_copy
+
     from bertkit.inference.serve import Served
     folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
     with warnings.catch_warnings():

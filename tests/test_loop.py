@@ -85,6 +85,7 @@ def test_data_preparation_that_spends_the_budget_is_an_error(tmp_path):
     clock = RunClock(timer)
     clock.spent = 31.0  # a resumed run whose data preparation took 31 s
     from loop_toy import ToyJob
+
     from bertkit.training.loop import Loop
     with pytest.raises(BertkitError, match="data preparation took 31 s, the whole budget of 30 s"):
         Loop(ToyJob(ONE, timer), ONE, tmp_path, lr=0.1, warmup=0.1, clip=1.0, steps=None, budget=30.0, clock=clock,

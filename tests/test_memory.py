@@ -5,7 +5,6 @@ import sys
 
 import pytest
 
-
 FAULTS = """
 import resource, sys, torch
 from bertkit.training.memory import keep_freed_memory

@@ -29,7 +29,8 @@ def _inputs(cfg, B=13, T=7, seed=0):
 @pytest.mark.parametrize("name", list(PRESETS))
 def test_every_preset_builds_with_hf_parameter_count_and_shapes(name):
     # meta tensors: full-size shapes and parameter counts without allocating base/large
-    from transformers import BertConfig as HFConfig, BertForPreTraining as HFPreTraining
+    from transformers import BertConfig as HFConfig
+    from transformers import BertForPreTraining as HFPreTraining
     cfg = BertConfig.preset(name)
     with torch.device("meta"):
         ours = BertForPreTraining(cfg)
@@ -327,13 +328,11 @@ def test_cpu_dropout_draws_its_masks_from_torchs_seed_and_scales_like_f_dropout(
 
 
 def _attention(qkv, nh, mask, p):  # model.attention on a fused (B, T, 3H) projection
-    from bertkit import model
     return kattn.attention(*qkv.split(qkv.size(-1) // 3, dim=2), nh, mask, p)
 
 
 @pytest.mark.parametrize("per_head", [True, False])
 def test_attention_with_dropout_is_sdpas_math_with_the_drawn_mask(monkeypatch, per_head):
-    from bertkit import model
     monkeypatch.setattr(kattn, "PER_HEAD_MIN", 0 if per_head else 1 << 60)  # a head at a time, or batched
     g = torch.Generator().manual_seed(3)
     B, T, nh, hs = 2, 7, 4, 8
@@ -376,7 +375,6 @@ def test_bf16_training_attention_without_dropout_is_spelled_out_and_equals_sdpa(
     # SDPA's CPU backward in bf16 is slow, so bf16 training takes the spelled-out path even at
     # dropout 0; values and gradients match fp32 SDPA to bf16's precision, and bf16 inference
     # (no gradient) still runs SDPA
-    from bertkit import model
     g = torch.Generator().manual_seed(5)
     B, T, nh, hs = 3, 9, 2, 16
     qkv = torch.randn(B, T, 3 * nh * hs, generator=g)
@@ -427,7 +425,6 @@ onednn = pytest.mark.skipif(not (torch.backends.mkldnn.is_available() and hasatt
 def test_onednn_linear_equals_f_linear_in_inference_and_training_and_runs_in_fp32_only(backend):
     import torch.nn.functional as F
 
-    from bertkit import model
     backend(onednn_linear=True)
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(24, 16, generator=g), torch.randn(24, generator=g)
@@ -554,7 +551,6 @@ def test_onednn_linear_fuses_gelu_and_keeps_its_blocked_weight_only_while_the_we
 @onednn
 def test_minilm_encodes_the_same_vectors_through_onednn(backend, minilm_folder):
     # the real checkpoint on real sentences, the whole model with its linear layers either way
-    from bertkit import model
     from bertkit.inference.encode import Encoder
     texts = ["The cat sat on the mat.", "A crane lifted the steel beam onto the roof of the new station.",
              "Stocks fell sharply on Monday", "ok"]

@@ -6,9 +6,9 @@ import subprocess
 import time
 
 import pytest
+from helpers import torchrun
 
 from bertkit.training.checkpoints import checkpoint_problem, latest_checkpoint
-from helpers import torchrun
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 

@@ -70,7 +70,7 @@ def test_batches_have_bert_layout_and_a_reproducible_order(stores):
     pb = PretrainingBatches(train, tok, 64, 32, MaskingConfig(), seed=7)
     it = pb.iterate()
     batches = [next(it) for _ in range(5)]
-    for pos, b in batches:
+    for _, b in batches:
         ids, types, mask = b["input_ids"], b["token_type_ids"], b["attention_mask"]
         assert ids.shape[0] == 32 and ids.shape[1] <= 64
         assert (ids[:, 0] == tok.cls_id).all()

@@ -34,7 +34,7 @@ def test_fused_adamw_equals_the_per_tensor_loop(tiny_bert_factory):
     for name in plain:
         torch.testing.assert_close(fused[name], plain[name], rtol=1e-5, atol=1e-6, msg=name)
     # the moments, which a checkpoint carries, agree too
-    for (pf, sf), (pp, sp) in zip(opt_f.state.items(), opt_p.state.items()):
+    for sf, sp in zip(opt_f.state.values(), opt_p.state.values()):
         torch.testing.assert_close(sf["exp_avg"], sp["exp_avg"], rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(sf["exp_avg_sq"], sp["exp_avg_sq"], rtol=1e-5, atol=1e-9)
         assert float(sf["step"]) == float(sp["step"]) == 5

@@ -7,12 +7,11 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import pytest
+from helpers import free_port
 
 from bertkit.cli import main
-from helpers import free_port
 
 webdriver = pytest.importorskip("selenium.webdriver")
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -120,6 +119,7 @@ def test_fill_mask_and_attention_on_a_model_bertkit_pretrained(browser, tmp_path
 
 def test_question_answering_highlights_the_answer(browser, tmp_path_factory, tiny_bert):
     from selenium.webdriver.common.by import By
+
     from bertkit.data.squad_subset import squad_subset_file
     squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
     article = squad["data"][0]
@@ -159,6 +159,7 @@ def test_summaries_are_shown_sentence_by_sentence(browser, tmp_path_factory, tin
     """/predict gives a summarize folder's summary as a list of sentences (the page called
     .replace on it and showed a TypeError instead)."""
     from selenium.webdriver.common.by import By
+
     from bertkit.data.registry import export
     work = tmp_path_factory.mktemp("summarize")
     export("aclsum", work / "aclsum")

@@ -1,8 +1,8 @@
 """minGPT's idea: the real checkpoint in bertkit and in HF transformers gives the same numbers."""
 import torch
+from helpers import SENTENCES
 
 from bertkit import WordPieceTokenizer, load_model
-from helpers import SENTENCES
 
 
 def test_minilm_matches_hf_bert_model_on_a_padded_batch(minilm_folder):

@@ -5,13 +5,13 @@ import re
 
 import pytest
 import torch
+from helpers import Stop, stop_at
 from safetensors.torch import load_file
 
 from bertkit import BertkitError
 from bertkit.cli import main
 from bertkit.pretraining.recipes import RECIPES
 from bertkit.pretraining.train import PretrainConfig, pretrain
-from helpers import Stop, stop_at
 
 
 def _cfg(corpus, out, **kw):
@@ -765,6 +765,7 @@ def test_closing_the_batch_prefetcher_waits_for_its_thread():
     # so close() returns only once the thread is gone: with its queue full, and after an error
     import itertools
     import time
+
     from bertkit.training.prefetch import Prefetch
     full = Prefetch(itertools.count())  # endless: the queue fills and the filler waits
     time.sleep(0.3)

@@ -25,9 +25,10 @@ def test_skipped_steps_carry_over_a_resumption(tmp_path, wiki_excerpt, vocab, mo
     run of them in a row (5 roll back) go on from the checkpoint: they restarted at 0, so a
     resumed run's records differed from an uninterrupted one's and a run of bad steps across
     the stop was never rolled back."""
-    import bertkit.pretraining.train as train
     from helpers import Stop, stop_at
     from test_pretrain import _cfg, _lines
+
+    import bertkit.pretraining.train as train
     real = train.accumulate_gradients
 
     def poison(calls):

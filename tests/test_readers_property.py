@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from bertkit.data.readers import read_classify, read_conll, read_summarize, read_word
 from bertkit.errors import BertkitError

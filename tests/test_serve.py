@@ -13,10 +13,10 @@ import urllib.request
 
 import numpy as np
 import pytest
+from helpers import SENTENCES, free_port
 
 from bertkit.cli import main
 from bertkit.inference.encode import Encoder
-from helpers import SENTENCES, free_port
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -519,8 +519,9 @@ def test_a_sentence_transformers_folder_is_served_with_its_own_steps(tmp_path, t
     defaults, as they are `bertkit encode`'s (serve built its encoder with the pooling alone)."""
     import json
 
-    from bertkit.inference.encode import Encoder
     from helpers import sentence_transformers_copy
+
+    from bertkit.inference.encode import Encoder
     folder = sentence_transformers_copy(tiny_bert, tmp_path / "st")
     modules = json.loads((folder / "modules.json").read_text())
     modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})

@@ -8,8 +8,18 @@ from tokenizers import Tokenizer
 
 from bertkit import BertkitError, WordPieceTokenizer
 from bertkit.data.squad_subset import squad_subset_file
-from bertkit.tasks.squad import (QAExample, best_spans, exact_match, f1, make_windows, normalize_answer,
-                                 predictions, read_squad, split_by_article, squad_metrics)
+from bertkit.tasks.squad import (
+    QAExample,
+    best_spans,
+    exact_match,
+    f1,
+    make_windows,
+    normalize_answer,
+    predictions,
+    read_squad,
+    split_by_article,
+    squad_metrics,
+)
 
 SQUAD = squad_subset_file()  # ships inside the bertkit package
 

