@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --disable-pip-version-check -q
 
-.PHONY: demo test test-all bench bench-recipes bench-corpus bench-serve bench-finetune-study bench-finetune-defaults bench-pretrain-value bench-gpu clean
+.PHONY: demo test test-all bench bench-recipes bench-corpus bench-serve bench-finetune-study bench-finetune-defaults bench-pretrain-value bench-distill bench-gpu clean
 
 $(VENV)/.runtime: requirements.txt requirements-data.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -89,6 +89,18 @@ bench-pretrain-value: $(VENV)/.test
 	$(PY) benchmarks/pretrain_value.py pretrain
 	$(PY) benchmarks/pretrain_value.py value
 	$(PY) benchmarks/pretrain_value.py value --models minilm
+
+# a small BERT from a published one: tiny and mini distilled from MiniLM for 10, 30 and 60 minutes,
+# fine-tuned with the defaults (3 seeds), probed frozen and timed encoding, beside scratch pretraining
+# of the same minutes, word counts, model2vec (for this benchmark only) and MiniLM (about 8 hours on 2 cores)
+bench-distill: $(VENV)/.test
+	$(PIP) scikit-learn==1.9.1 model2vec==0.10.0
+	$(PY) benchmarks/distill_value.py distill
+	$(PY) benchmarks/distill_value.py scratch
+	$(PY) benchmarks/distill_value.py value
+	$(PY) benchmarks/distill_value.py probe
+	$(PY) benchmarks/distill_value.py speed
+	$(PY) benchmarks/distill_value.py report
 
 # BERT-base steps on one GPU, bertkit beside transformers; says so and exits 0 without a GPU
 bench-gpu: $(VENV)/.test

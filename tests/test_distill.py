@@ -254,3 +254,20 @@ def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, teacher):
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
     for key in ("sentence", "hidden", "relations", "mlm", "cos"):
         assert two["sums"][key] == pytest.approx(one["sums"][key], rel=1e-5), key
+
+
+def test_a_corpus_that_holds_an_evaluation_text_is_refused(tmp_path, corpus, teacher):
+    """--exclude-from names a task's evaluation files: a document that is one of their texts, or
+    holds one as consecutive sentences (spaced and cased otherwise), stops the run before training."""
+    lines = corpus.read_text().split("\n\n")[2].splitlines()
+    dev = tmp_path / "dev.jsonl"
+    dev.write_text(json.dumps({"text": "Nothing from the corpus here.", "label": 0}) + "\n"
+                   + json.dumps({"text": "  " + (lines[3] + "   " + lines[4]).upper(), "label": 1}) + "\n")
+    with pytest.raises(BertkitError, match=r"document 3 holds an evaluation text \(.*dev.jsonl text 2"):
+        pretrain(_cfg(corpus, teacher, tmp_path / "run", exclude_from=str(dev)))
+    assert not (tmp_path / "run" / "model.safetensors").exists()
+    clean = tmp_path / "test.jsonl"
+    clean.write_text(json.dumps({"text": "Nothing from the corpus here.", "label": 0}) + "\n")
+    assert pretrain(_cfg(corpus, teacher, tmp_path / "ok", steps=1, exclude_from=f"{clean},{clean}"))["steps"] == 1
+    with pytest.raises(BertkitError, match="--exclude-from .*missing.jsonl: no such file"):
+        _cfg(corpus, teacher, tmp_path / "x", exclude_from=str(tmp_path / "missing.jsonl"))

@@ -12,6 +12,7 @@ from ..config import PRESETS
 from ..errors import BertkitError
 from ..tokenizer import WordPieceTokenizer
 from .batches import PretrainingBatches
+from .contamination import check_documents, evaluation_texts
 from .corpus import corpus_files, iter_documents
 from .masking import MaskingConfig
 from .recipes import PretrainConfig
@@ -31,7 +32,11 @@ class Documents:
         self.cfg, self.kept, self.whole = cfg, [], False
 
     def _read(self):
-        return iter_documents(self.cfg.corpus, per_file=self.cfg.doc_per_file, per_line=self.cfg.sentence_per_line)
+        docs = iter_documents(self.cfg.corpus, per_file=self.cfg.doc_per_file, per_line=self.cfg.sentence_per_line)
+        if self.cfg.exclude_from:  # every document checked against the evaluation texts as it is read
+            held = evaluation_texts(f.strip() for f in self.cfg.exclude_from.split(",") if f.strip())
+            docs = check_documents(docs, held, self.cfg.corpus)
+        return docs
 
     def __iter__(self):
         if self.whole:
@@ -73,7 +78,7 @@ def prepare_tokenizer(cfg: PretrainConfig, data: Path, documents: Documents, log
 
 # the options that shape OUT/data (vocabulary and shards), recorded in it with the corpus files'
 # sizes and times: prepared data is reused only for the same options and text
-DATA_OPTIONS = ("corpus", "doc_per_file", "sentence_per_line", "holdout_every", "model", "vocab", "vocab_size",
+DATA_OPTIONS = ("corpus", "exclude_from", "doc_per_file", "sentence_per_line", "holdout_every", "model", "vocab", "vocab_size",
                 "shard_tokens")
 
 

@@ -57,6 +57,8 @@ class PretrainConfig(RunOptions):
                          "(Debian's documentation packages), wordnet (WordNet's glosses), gcide (a dictionary of "
                          "English), or a task's .jsonl/.csv/.tsv file (the texts of its rows: task-adaptive "
                          "pretraining); A+B adds B as training-only text", exact=True)
+    exclude_from: str | None = option(None, "evaluation files, comma-separated (a task's dev and test files): a "
+                                            "corpus that holds one of their texts is refused", exact=True)
     doc_per_file: bool = option(False, "each .txt file is one document (default: blank lines separate documents)",
                                 exact=True)
     sentence_per_line: bool = option(False, SENTENCE_PER_LINE_HELP, exact=True)
@@ -152,6 +154,9 @@ class PretrainConfig(RunOptions):
         if self.model not in PRESETS and not Path(self.model).is_dir():
             raise BertkitError(f"model {self.model!r} is neither a preset ({', '.join(PRESETS)}) nor a model folder")
         check_corpus_name(self.corpus)
+        for f in (self.exclude_from or "").split(","):
+            if f.strip() and not Path(f.strip()).is_file():
+                raise BertkitError(f"--exclude-from {f.strip()}: no such file")
         if self.sentence_per_line:
             check_sentence_per_line(self.corpus)
         recipe = RECIPES[self.recipe]

@@ -1,0 +1,236 @@
+"""A small BERT worth fine-tuning, made on a CPU: students distilled from MiniLM (`bertkit pretrain
+--teacher`) for 10, 30 and 60 minutes, fine-tuned with `bertkit finetune classify`'s defaults on
+rotten-tomatoes and tweets over 3 seeds, probed frozen, and timed encoding, beside scratch
+pretraining of the same preset for the same minutes, word-count logistic regression, model2vec
+distilled offline from the same MiniLM (installed for this benchmark only) and MiniLM itself.
+
+The distillation corpus is the built-in Wikipedia sample with the training texts of both tasks
+(never their dev or test texts): `wiki+rotten-tomatoes/train.jsonl+tweets/train.jsonl`.
+
+Parts (each resumable: every entry of benchmarks/results/distill_value.json names its CPU and date,
+and a rerun skips what is there):
+- `distill`: the students, into runs/distill-value/PRESET-Nm (not in git);
+- `scratch`: `bertkit pretrain` of the same presets for the same minutes (pretrain_value.py's runs);
+- `value`: each model fine-tuned with the defaults, accuracy on dev (the epoch kept) and test;
+- `probe`: logistic regression (scikit-learn) on each model's frozen sentence vectors,
+  rotten-tomatoes train -> test; model2vec's beside them; word counts;
+- `speed`: `bertkit encode` of the same 20,000 texts by each model, texts per second, MiniLM in
+  the same rounds;
+- `report`: the table (median, min and max over seeds) and docs/distill-value.png.
+
+    .venv/bin/python benchmarks/distill_value.py distill --presets tiny --minutes 10
+    .venv/bin/python benchmarks/distill_value.py value --models tiny-10m minilm
+    .venv/bin/python benchmarks/distill_value.py report
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+import pretrain_value  # noqa: E402
+from common import encode_texts, figure, save_figure  # noqa: E402
+from machine import cpu_name  # noqa: E402
+
+ROOT = HERE.parent
+RESULTS = HERE / "results" / "distill_value.json"
+RUNS = ROOT / "runs" / "distill-value"
+PLOT = ROOT / "docs" / "distill-value.png"
+DATASETS = ["rotten-tomatoes", "tweets"]
+BERTKIT = str(ROOT / ".venv" / "bin" / "bertkit")
+
+
+def load() -> dict:
+    return json.loads(RESULTS.read_text()) if RESULTS.is_file() else {}
+
+
+def record(key: str, entry: dict) -> None:
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:  # parts may run side by side
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        results = load()
+        results[key] = {**entry, "cpu": cpu_name(), "date": time.strftime("%Y-%m-%d")}
+        RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+
+
+def corpus() -> str:
+    """Wikipedia, then the two tasks' training texts (training-only: held-out documents come from wiki)."""
+    parts = [str(pretrain_value.data_dir(d) / "train.jsonl") for d in DATASETS]
+    return "+".join(["wiki", *parts])
+
+
+def folder(model: str) -> str:
+    """'tiny-10m' -> the student; 'scratch-tiny-10m' -> pretrain_value's run; 'minilm' -> MiniLM."""
+    if model == "minilm":
+        return pretrain_value.minilm()
+    if model.startswith("scratch-"):
+        return str(pretrain_value.RUNS / model.removeprefix("scratch-"))
+    return str(RUNS / model)
+
+
+# ---- the students ----
+def distill(preset: str, minutes: int, extra: list[str]) -> None:
+    name = f"{preset}-{minutes}m"
+    out, key = RUNS / name, f"distill|{name}"
+    if key in load() and (out / "summary.json").is_file():
+        print(f"{name}: done")
+        return
+    cmd = [BERTKIT, "pretrain", "--teacher", pretrain_value.minilm(), "--model", preset, "--corpus", corpus(),
+           "--budget", f"{minutes}m", "--out", str(out), "--no-samples", *extra]
+    if out.exists():
+        cmd.append("--resume")
+    print(" ".join(cmd), flush=True)
+    RUNS.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(RUNS / f"{name}.log", "a") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    summary = json.loads((out / "summary.json").read_text())
+    record(key, {"seconds": time.perf_counter() - t0, "steps": summary["steps"], "texts_seen": summary["pairs_seen"],
+                 "epochs": summary["epoch"], "eval": summary["final_eval"], "command": " ".join(cmd[1:])})
+
+
+# ---- fine-tuning ----
+def value(models: list[str], datasets: list[str], seeds: list[int]) -> None:
+    for model in models:
+        for dataset in datasets:
+            for seed in seeds:
+                key = f"finetune|{model}|{dataset}|{seed}"
+                if key in load():
+                    continue
+                entry = pretrain_value.finetune_and_test(folder(model), dataset, seed)
+                print(f"{key}: dev {entry['dev']:.4f} test {entry['test']:.4f} ({entry['seconds']:.0f} s)", flush=True)
+                record(key, entry)
+
+
+# ---- frozen vectors ----
+def _texts_labels(split: str) -> tuple[list[str], list[str]]:
+    from bertkit.data.readers import read_classify
+    rows = read_classify(pretrain_value.data_dir("rotten-tomatoes") / f"{split}.jsonl")
+    return [r["text"] for r in rows], [str(r["label"]) for r in rows]
+
+
+def _logreg(train_x, train_y, test_x, test_y) -> float:
+    from sklearn.linear_model import LogisticRegression
+    return float(LogisticRegression(max_iter=3000).fit(train_x, train_y).score(test_x, test_y))
+
+
+def probe(models: list[str]) -> None:
+    """Logistic regression on each model's sentence vectors (its folder's pooling), RT train -> test."""
+    from bertkit.inference.encode import Encoder
+    (train, ytrain), (test, ytest) = _texts_labels("train"), _texts_labels("test")
+    for model in models:
+        key = f"probe|{model}"
+        if key in load():
+            continue
+        enc = Encoder.from_folder(folder(model))
+        vec = lambda texts: enc.encode(texts, batch_size=64)  # noqa: E731
+        acc = _logreg(vec(train), ytrain, vec(test), ytest)
+        print(f"{key}: {acc:.4f}", flush=True)
+        record(key, {"test": acc, "pooling": enc.default_pooling})
+    if "probe|model2vec" not in load():
+        from model2vec.distill import distill as m2v_distill
+        m2v = m2v_distill(model_name=pretrain_value.minilm(), pca_dims=256)
+        acc = _logreg(m2v.encode(train), ytrain, m2v.encode(test), ytest)
+        print(f"probe|model2vec: {acc:.4f}", flush=True)
+        record("probe|model2vec", {"test": acc, "pca_dims": 256})
+    if "probe|word-counts" not in load():
+        record("probe|word-counts", pretrain_value.word_count_logreg("rotten-tomatoes"))
+
+
+# ---- encoding speed ----
+def speed(models: list[str], n: int, rounds: int) -> None:
+    """`bertkit encode` of the same n texts by each model, one process each, rounds alternating."""
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        texts = encode_texts(work, n)
+        (work / "texts.txt").write_text("\n".join(texts) + "\n")
+        times: dict[str, list[float]] = {m: [] for m in models}
+        for _ in range(rounds):
+            for m in models:
+                t0 = time.perf_counter()
+                subprocess.run([BERTKIT, "encode", "--model", folder(m), "--input", str(work / "texts.txt"),
+                                "--output", str(work / "v.npy"), "--overwrite"], check=True, capture_output=True)
+                times[m].append(time.perf_counter() - t0)
+    for m, ts in times.items():
+        s = statistics.median(ts)
+        record(f"speed|{m}", {"texts": n, "rounds_s": ts, "median_s": s, "texts_per_s": n / s,
+                              "vs_minilm": statistics.median(times["minilm"]) / s if "minilm" in times else None})
+        print(f"speed|{m}: {n / s:.0f} texts/s", flush=True)
+
+
+# ---- report ----
+def _cell(values: list[float]) -> str:
+    if not values:
+        return "-"
+    med = statistics.median(values)
+    return f"{med:.3f}" if len(values) == 1 else f"{med:.3f} ({min(values):.3f}-{max(values):.3f})"
+
+
+def report() -> None:
+    results = load()
+    models = sorted({k.split("|")[1] for k in results if k.startswith(("finetune|", "probe|", "speed|"))})
+    print("| model | rotten-tomatoes test | tweets test | probe (RT test) | texts/s | x MiniLM |")
+    print("|---|---|---|---|---|---|")
+    points = []
+    for m in models:
+        acc = {d: [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{d}|")] for d in DATASETS}
+        pr, sp = results.get(f"probe|{m}", {}).get("test"), results.get(f"speed|{m}", {})
+        print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | "
+              f"{'-' if pr is None else f'{pr:.3f}'} | {sp.get('texts_per_s', 0):.0f} | "
+              f"{sp.get('vs_minilm') or 0:.1f}x |")
+        if acc["rotten-tomatoes"] and sp:
+            points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
+    if points:
+        fig, ax = figure()
+        for m, x, y in points:
+            ax.scatter(x, y)
+            ax.annotate(m, (x, y), fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("bertkit encode, texts per second (log)")
+        ax.set_ylabel("rotten-tomatoes test accuracy (median of seeds)")
+        save_figure(fig, PLOT, f"Accuracy against encoding speed ({cpu_name()})")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("part", choices=["distill", "scratch", "value", "probe", "speed", "report"])
+    ap.add_argument("--presets", nargs="+", default=["tiny", "mini"])
+    ap.add_argument("--minutes", nargs="+", type=int, default=[10, 30, 60])
+    ap.add_argument("--models", nargs="+", help="default: every student and scratch run there is, and minilm")
+    ap.add_argument("--data", nargs="+", default=DATASETS)
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    ap.add_argument("--n", type=int, default=20000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--distill-args", nargs=argparse.REMAINDER, default=[],
+                    help="more `bertkit pretrain` flags for the students")
+    args = ap.parse_args()
+    runs = [f"{p}-{m}m" for p in args.presets for m in args.minutes]
+    models = args.models or [*runs, *[f"scratch-{r}" for r in runs], "minilm"]
+    if args.part == "distill":
+        for p in args.presets:
+            for m in args.minutes:
+                distill(p, m, args.distill_args)
+    elif args.part == "scratch":
+        for p in args.presets:
+            for m in args.minutes:
+                pretrain_value.pretrain(p, m, [])
+    elif args.part == "value":
+        value(models, args.data, args.seeds)
+    elif args.part == "probe":
+        probe(models)
+    elif args.part == "speed":
+        speed(models, args.n, args.rounds)
+    else:
+        report()
+
+
+if __name__ == "__main__":
+    main()
