@@ -83,8 +83,9 @@ def distill(preset: str, minutes: int, extra: list[str]) -> None:
     if key in load() and (out / "summary.json").is_file():
         print(f"{name}: done")
         return
+    held = ",".join(str(pretrain_value.data_dir(d) / f"{s}.jsonl") for d in DATASETS for s in ("dev", "test"))
     cmd = [BERTKIT, "pretrain", "--teacher", pretrain_value.minilm(), "--model", preset, "--corpus", corpus(),
-           "--budget", f"{minutes}m", "--out", str(out), "--no-samples", *extra]
+           "--exclude-from", held, "--budget", f"{minutes}m", "--out", str(out), "--no-samples", *extra]
     if out.exists():
         cmd.append("--resume")
     print(" ".join(cmd), flush=True)

@@ -256,18 +256,34 @@ def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, teacher):
         assert two["sums"][key] == pytest.approx(one["sums"][key], rel=1e-5), key
 
 
-def test_a_corpus_that_holds_an_evaluation_text_is_refused(tmp_path, corpus, teacher):
-    """--exclude-from names a task's evaluation files: a document that is one of their texts, or
-    holds one as consecutive sentences (spaced and cased otherwise), stops the run before training."""
-    lines = corpus.read_text().split("\n\n")[2].splitlines()
+def test_evaluation_texts_are_taken_out_of_the_corpus(tmp_path, corpus, teacher, capsys):
+    """--exclude-from names a task's evaluation files: a run of a document's sentences that is one
+    of their texts (spaced and cased otherwise) is taken out before anything is tokenized, and
+    the shards hold none of it."""
+    from bertkit.pretraining.contamination import Removed, evaluation_texts, without_evaluation_texts
+    from bertkit.pretraining.corpus import iter_documents
+    docs = list(iter_documents(corpus, per_line=True))
     dev = tmp_path / "dev.jsonl"
     dev.write_text(json.dumps({"text": "Nothing from the corpus here.", "label": 0}) + "\n"
-                   + json.dumps({"text": "  " + (lines[3] + "   " + lines[4]).upper(), "label": 1}) + "\n")
-    with pytest.raises(BertkitError, match=r"document 3 holds an evaluation text \(.*dev.jsonl text 2"):
-        pretrain(_cfg(corpus, teacher, tmp_path / "run", exclude_from=str(dev)))
-    assert not (tmp_path / "run" / "model.safetensors").exists()
-    clean = tmp_path / "test.jsonl"
-    clean.write_text(json.dumps({"text": "Nothing from the corpus here.", "label": 0}) + "\n")
-    assert pretrain(_cfg(corpus, teacher, tmp_path / "ok", steps=1, exclude_from=f"{clean},{clean}"))["steps"] == 1
+                   + json.dumps({"text": "  " + (docs[2][3] + "   " + docs[2][4]).upper(), "label": 1}) + "\n"
+                   + json.dumps({"text": docs[5][0], "label": 1}) + "\n")
+    removed = Removed()
+    kept = list(without_evaluation_texts(docs, evaluation_texts([dev]), removed))
+    assert removed.count == 2 and "dev.jsonl text 2" in removed.examples[0]
+    assert kept[2] == docs[2][:3] + docs[2][5:] and kept[5] == docs[5][1:]
+    assert [d for i, d in enumerate(kept) if i not in (2, 5)] == [d for i, d in enumerate(docs) if i not in (2, 5)]
+    out = tmp_path / "run"
+    pretrain(_cfg(corpus, teacher, out, steps=1, exclude_from=f"{dev},{dev}", progress=True))
+    assert "took 2 evaluation text(s) out of the corpus" in capsys.readouterr().err
+    from bertkit.pretraining.shards import TokenStore
+    from bertkit.tokenizer import WordPieceTokenizer
+    tok = WordPieceTokenizer.from_folder(teacher)
+    gone = tok.tok.encode(docs[5][0], add_special_tokens=False).ids
+    as_text = lambda ids: " " + " ".join(map(str, ids)) + " "  # noqa: E731
+    for split in ("train", "eval"):
+        tokens = [int(t) for t in TokenStore(out / "data" / "shards" / split).shard(0).tokens]
+        assert as_text(gone) not in as_text(tokens), split
+    assert as_text(tok.tok.encode(docs[5][1], add_special_tokens=False).ids) in as_text(
+        [int(t) for s in ("train", "eval") for t in TokenStore(out / "data" / "shards" / s).shard(0).tokens])
     with pytest.raises(BertkitError, match="--exclude-from .*missing.jsonl: no such file"):
         _cfg(corpus, teacher, tmp_path / "x", exclude_from=str(tmp_path / "missing.jsonl"))

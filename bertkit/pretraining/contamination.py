@@ -1,9 +1,9 @@
 """A corpus must not hold the texts a model is later scored on: `--exclude-from DEV,TEST` names a
-task's evaluation files, and a corpus document that is one of their texts, or holds one as a run
-of up to WINDOW of its sentences, is refused by its number and the file and line of the text.
-
-(Packages that ship rotten-tomatoes snippets hold its dev and test reviews, and a teacher labels
-any text: a student distilled on them would have seen the test set.)
+task's evaluation files, and every run of up to WINDOW consecutive sentences of a corpus document
+that is one of their texts (however spaced or cased) is removed from it; a document left empty
+goes. (Rotten-tomatoes' own training split repeats some of its test snippets, "abysmally
+pathetic" among them; packages that ship its snippets hold every dev and test review; and a
+teacher labels any text: a student distilled on them would have seen the test set.)
 """
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from ..errors import BertkitError
 from .corpus import task_file_texts
 
 WINDOW = 4  # consecutive sentences compared as one text: an evaluation text split into sentences
@@ -33,14 +32,36 @@ def evaluation_texts(files: Iterable[str | Path]) -> dict[str, str]:
     return where
 
 
-def check_documents(documents: Iterable[list[str]], held: dict[str, str], corpus: str) -> Iterator[list[str]]:
-    """The documents, unchanged, each checked first: an evaluation text in one is refused."""
-    for d, doc in enumerate(documents, 1):
+class Removed:
+    """What without_evaluation_texts took out: how many sentence runs, and the first few."""
+
+    def __init__(self):
+        self.count, self.examples = 0, []
+
+    def add(self, where: str, text: str) -> None:
+        self.count += 1
+        if len(self.examples) < 3:
+            self.examples.append(f"{text[:60]!r} ({where})")
+
+
+def without_evaluation_texts(documents: Iterable[list[str]], held: dict[str, str],
+                             removed: Removed) -> Iterator[list[str]]:
+    """The documents with every run of sentences that is an evaluation text taken out (the longest
+    run first); a document left with no sentence is dropped."""
+    for doc in documents:
         sentences = [normalized(s) for s in doc]
-        for i in range(len(sentences)):
-            for j in range(i + 1, min(i + WINDOW, len(sentences)) + 1):
+        keep, i = [], 0
+        while i < len(doc):
+            for j in range(min(i + WINDOW, len(doc)), i, -1):
                 hit = held.get(" ".join(sentences[i:j]))
                 if hit is not None:
-                    raise BertkitError(f"{corpus}: document {d} holds an evaluation text ({hit}: "
-                                       f"{' '.join(doc[i:j])[:80]!r}); remove it from the corpus")
-        yield doc
+                    removed.add(hit, " ".join(doc[i:j]))
+                    i = j
+                    break
+            else:
+                keep.append(i)
+                i += 1
+        if len(keep) == len(doc):
+            yield doc
+        elif keep:
+            yield type(doc)(doc[k] for k in keep)  # a training-only document stays one

@@ -12,7 +12,7 @@ from ..config import PRESETS
 from ..errors import BertkitError
 from ..tokenizer import WordPieceTokenizer
 from .batches import PretrainingBatches
-from .contamination import check_documents, evaluation_texts
+from .contamination import Removed, evaluation_texts, without_evaluation_texts
 from .corpus import corpus_files, iter_documents
 from .masking import MaskingConfig
 from .recipes import PretrainConfig
@@ -30,12 +30,14 @@ class Documents:
 
     def __init__(self, cfg: PretrainConfig):
         self.cfg, self.kept, self.whole = cfg, [], False
+        self.removed: Removed | None = None  # with --exclude-from: the evaluation texts taken out
 
     def _read(self):
         docs = iter_documents(self.cfg.corpus, per_file=self.cfg.doc_per_file, per_line=self.cfg.sentence_per_line)
-        if self.cfg.exclude_from:  # every document checked against the evaluation texts as it is read
+        if self.cfg.exclude_from:  # evaluation texts taken out as the documents are read
             held = evaluation_texts(f.strip() for f in self.cfg.exclude_from.split(",") if f.strip())
-            docs = check_documents(docs, held, self.cfg.corpus)
+            self.removed = Removed()
+            docs = without_evaluation_texts(docs, held, self.removed)
         return docs
 
     def __iter__(self):

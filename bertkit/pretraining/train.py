@@ -352,6 +352,9 @@ def _prepare(cfg: PretrainConfig, run: Run, ckpt: Path | None) -> tuple[WordPiec
         documents = Documents(cfg)
         tok = prepare_tokenizer(cfg, data, documents, log)
         train_store, eval_store = prepare_data(cfg, tok, data, documents, log)
+        if documents.removed is not None:
+            log(f"--exclude-from: took {documents.removed.count} evaluation text(s) out of the corpus"
+                + (f", e.g. {'; '.join(documents.removed.examples)}" if documents.removed.count else ""))
         if ckpt is None:
             write_json(data / "prepared.json", data_record(cfg))
     procs.barrier(long=True)  # the other ranks open what rank 0 prepared
