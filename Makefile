@@ -93,8 +93,15 @@ bench-pretrain-value: $(VENV)/.test
 # a small BERT from a published one: tiny and mini distilled from MiniLM for 10, 30 and 60 minutes,
 # fine-tuned with the defaults (3 seeds), probed frozen and timed encoding, beside scratch pretraining
 # of the same minutes, word counts, model2vec (for this benchmark only) and MiniLM (about 8 hours on 2 cores)
-bench-distill: $(VENV)/.test
-	$(PIP) scikit-learn==1.9.1 model2vec==0.10.0
+# model2vec's distill extra pins other transformers and tokenizers versions: a venv of its own
+M2V := .venv-model2vec
+$(M2V)/.done:
+	test -x $(M2V)/bin/python || $(PYTHON) -m venv $(M2V)
+	$(M2V)/bin/python -m pip install --disable-pip-version-check -q torch==2.13.0 "model2vec[distill]==0.10.0"
+	touch $@
+
+bench-distill: $(VENV)/.test $(M2V)/.done
+	$(PIP) scikit-learn==1.9.1
 	$(PY) benchmarks/distill_value.py distill
 	$(PY) benchmarks/distill_value.py scratch
 	$(PY) benchmarks/distill_value.py value

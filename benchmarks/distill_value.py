@@ -13,7 +13,8 @@ and a rerun skips what is there):
 - `scratch`: `bertkit pretrain` of the same presets for the same minutes (pretrain_value.py's runs);
 - `value`: each model fine-tuned with the defaults, accuracy on dev (the epoch kept) and test;
 - `probe`: logistic regression (scikit-learn) on each model's frozen sentence vectors,
-  rotten-tomatoes train -> test; model2vec's beside them; word counts;
+  rotten-tomatoes train -> test; model2vec's beside them (benchmarks/model2vec_vectors.py, in
+  .venv-model2vec); word counts;
 - `speed`: `bertkit encode` of the same 20,000 texts by each model, texts per second, MiniLM in
   the same rounds;
 - `report`: the table (median, min and max over seeds) and docs/distill-value.png.
@@ -34,6 +35,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 import pretrain_value  # noqa: E402
@@ -46,6 +49,7 @@ RUNS = ROOT / "runs" / "distill-value"
 PLOT = ROOT / "docs" / "distill-value.png"
 DATASETS = ["rotten-tomatoes", "tweets"]
 BERTKIT = str(ROOT / ".venv" / "bin" / "bertkit")
+M2V_PYTHON = ROOT / ".venv-model2vec" / "bin" / "python"  # model2vec in a venv of its own (make bench-distill)
 
 
 def load() -> dict:
@@ -77,8 +81,8 @@ def folder(model: str) -> str:
 
 
 # ---- the students ----
-def distill(preset: str, minutes: int, extra: list[str]) -> None:
-    name = f"{preset}-{minutes}m"
+def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None) -> None:
+    name = f"{preset}-{minutes}m" + (f"-{variant}" if variant else "")
     out, key = RUNS / name, f"distill|{name}"
     if key in load() and (out / "summary.json").is_file():
         print(f"{name}: done")
@@ -136,12 +140,16 @@ def probe(models: list[str]) -> None:
         acc = _logreg(vec(train), ytrain, vec(test), ytest)
         print(f"{key}: {acc:.4f}", flush=True)
         record(key, {"test": acc, "pooling": enc.default_pooling})
-    if "probe|model2vec" not in load():
-        from model2vec.distill import distill as m2v_distill
-        m2v = m2v_distill(model_name=pretrain_value.minilm(), pca_dims=256)
-        acc = _logreg(m2v.encode(train), ytrain, m2v.encode(test), ytest)
+    if "probe|model2vec" not in load():  # in its own venv: its distill extra pins other library versions
+        data = pretrain_value.data_dir("rotten-tomatoes")
+        with tempfile.TemporaryDirectory() as tmp:
+            run = subprocess.run([str(M2V_PYTHON), str(HERE / "model2vec_vectors.py"), pretrain_value.minilm(), tmp,
+                                  str(data / "train.jsonl"), str(data / "test.jsonl")],
+                                 check=True, capture_output=True, text=True)
+            x = {s: np.load(Path(tmp) / f"{data.name}-{s}.npy") for s in ("train", "test")}
+        acc = _logreg(x["train"], ytrain, x["test"], ytest)
         print(f"probe|model2vec: {acc:.4f}", flush=True)
-        record("probe|model2vec", {"test": acc, "pca_dims": 256})
+        record("probe|model2vec", {"test": acc, **json.loads(run.stdout.strip().splitlines()[-1])})
     if "probe|word-counts" not in load():
         record("probe|word-counts", pretrain_value.word_count_logreg("rotten-tomatoes"))
 
@@ -210,6 +218,7 @@ def main():
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variant", help="distill: a name for a run with other --distill-args (PRESET-Nm-VARIANT)")
     ap.add_argument("--distill-args", nargs=argparse.REMAINDER, default=[],
                     help="more `bertkit pretrain` flags for the students")
     args = ap.parse_args()
@@ -218,7 +227,7 @@ def main():
     if args.part == "distill":
         for p in args.presets:
             for m in args.minutes:
-                distill(p, m, args.distill_args)
+                distill(p, m, args.distill_args, args.variant)
     elif args.part == "scratch":
         for p in args.presets:
             for m in args.minutes:

@@ -59,7 +59,7 @@ def main():
     from transformers import BertForPreTraining as HF
 
     from bertkit import BertConfig, BertForPreTraining
-    from bertkit.checkpoint import save_model
+    from bertkit.folders import save_model
     from bertkit.model import init_weights
     from bertkit.optim import adamw
 

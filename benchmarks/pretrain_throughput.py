@@ -50,7 +50,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer, kernels
-from bertkit.checkpoint import save_model
+from bertkit.folders import save_model
 from bertkit.model import init_weights, set_dropout
 from bertkit.optim import adamw
 from bertkit.pretraining.batches import PretrainingBatches

@@ -87,8 +87,8 @@ def fine_tune(model: str, options: dict, seed: int) -> dict:
 
 def zero_shot(model: str) -> dict | None:
     """acc@1/acc@5 of the MLM head's guesses at [MASK] in PROMPT, over whole-word tokens."""
-    from bertkit.checkpoint import has_trained_mlm_head, load_model
     from bertkit.config import load_config
+    from bertkit.folders import has_trained_mlm_head, load_model
     from bertkit.inference.fill_mask import fill_mask
     from bertkit.tokenizer import load_tokenizer
     if not has_trained_mlm_head(folder(model)):
@@ -115,7 +115,7 @@ def linear_map(model: str, lam: float = 10.0) -> dict:
     [CLS] and mean-pooled vectors. Also the ceiling: the share of pairs whose target is one token."""
     import numpy as np
 
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     from bertkit.inference.encode import Encoder
     from bertkit.tokenizer import load_tokenizer
     tok = load_tokenizer(folder(model))

@@ -4,8 +4,8 @@ import importlib
 # Names load on first use (PEP 562): `python -m bertkit` imports torch only for the commands
 # that need it (`encode --backend onnx` runs on ONNX Runtime alone, 1.5-2 s sooner).
 _EXPORTS = {"BertConfig": ".config", "PRESETS": ".config", "BertModel": ".model", "BertForPreTraining": ".model",
-            "WordPieceTokenizer": ".tokenizer", "Encoder": ".inference.encode", "load_model": ".checkpoint",
-            "save_model": ".checkpoint", "BertkitError": ".errors"}
+            "WordPieceTokenizer": ".tokenizer", "Encoder": ".inference.encode", "load_model": ".folders",
+            "save_model": ".folders", "BertkitError": ".errors"}
 __all__ = list(_EXPORTS)
 __version__ = "0.1.0"
 

@@ -106,8 +106,10 @@ def cmd_pretrain(args) -> None:
 
 
 def cmd_fill_mask(args) -> None:
-    from .checkpoint import WEIGHTS, has_trained_mlm_head, load_model, load_tokenizer
+    from .files import WEIGHTS
+    from .folders import has_trained_mlm_head, load_model
     from .inference.fill_mask import fill_mask
+    from .tokenizer import load_tokenizer
 
     if not args.text:
         raise BertkitError("give at least one text with [MASK] in it")

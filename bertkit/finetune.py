@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import load_config, load_model, load_tokenizer
-from .config import check_max_len
+from .config import check_max_len, load_config
 from .errors import BertkitError
+from .folders import load_model
 from .optim import adamw
 from .outputs import check_output_folder
 from .precision import training_precision
@@ -28,6 +28,7 @@ from .tasks.base import Task, TaskModel
 from .tasks.folder import load_task_model, save_task_model
 from .tasks.options import FinetuneConfig
 from .tasks.runner import decode_outputs, length_order, mean_loss, run_task, task_outputs
+from .tokenizer import load_tokenizer
 from .training.checkpoints import has_checkpoint, latest_checkpoint
 from .training.distributed import Processes, gradient_sync
 from .training.log import write_json

@@ -1,7 +1,7 @@
 """BERT (Devlin et al. 2019), post-norm, top to bottom in one file.
 
 Shapes: B batch, T tokens, H hidden, nh heads, hs head size (H // nh), P predicted positions,
-V vocabulary. Parameter names are bertkit's own; checkpoint.py holds the one table that maps
+V vocabulary. Parameter names are bertkit's own; folders.py holds the one table that maps
 them to and from the HuggingFace layout (query/key/value are fused here into one qkv matrix,
 one matmul instead of three). The CPU kernels it calls (dropout, linear, attention, the fused
 MLM loss) live in kernels/, each tested equal to plain torch, chosen by kernels.Backend.

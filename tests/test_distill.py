@@ -140,7 +140,7 @@ def test_every_signal_trains_and_the_student_folder_loads_in_transformers(tmp_pa
     assert [m["type"].rsplit(".", 1)[-1] for m in modules] == ["Transformer", "Pooling", "Normalize"]
     pooling = json.loads((out / "1_Pooling" / "config.json").read_text())
     assert pooling["pooling_mode_mean_tokens"] and pooling["word_embedding_dimension"] == 128
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     ours, _ = load_model(out, heads=False)
     ids = torch.tensor([[2, 40, 41, 42, 3]])
     theirs = HFBert.from_pretrained(out).eval()

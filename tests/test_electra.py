@@ -217,7 +217,7 @@ def test_a_short_run_learns_to_detect_and_saves_folders_transformers_loads(tmp_p
     # the discriminator is a plain BertModel folder: transformers reads it, with the same outputs as bertkit
     from transformers import BertForMaskedLM, BertModel
 
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["BertModel"]
     assert not any(k.startswith(("cls.", "generator", "rtd")) for k in load_file(str(out / "model.safetensors")))

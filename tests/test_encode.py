@@ -282,7 +282,7 @@ def test_cli_encode_refuses_a_config_that_computes_nan(tmp_path, minilm_folder, 
 def test_non_finite_vectors_are_an_error_not_a_result(tmp_path, minilm_folder, capsys):
     import safetensors.torch
 
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     # a NaN in one token's embedding: only the texts holding that token turn NaN
     enc = Encoder.from_folder(minilm_folder, device="cpu")
     crane = enc.tokenizer.token_to_id("crane")
@@ -308,7 +308,7 @@ def test_an_encoder_takes_the_model_load_model_gives_by_default(minilm_folder):
     """load_model returns BertForPreTraining unless heads=False: Encoder(model, tok) failed on
     its first batch (mlm_positions missing)."""
     from bertkit import load_model
-    from bertkit.checkpoint import load_tokenizer
+    from bertkit.tokenizer import load_tokenizer
     model, _ = load_model(minilm_folder, quiet=True)
     body, _ = load_model(minilm_folder, heads=False)
     tok = load_tokenizer(minilm_folder)
@@ -320,8 +320,8 @@ def test_an_encoder_takes_the_model_load_model_gives_by_default(minilm_folder):
 
 def test_fill_mask_names_a_top_k_that_is_not_an_integer(minilm_folder):
     from bertkit import load_model
-    from bertkit.checkpoint import load_tokenizer
     from bertkit.inference.fill_mask import fill_mask
+    from bertkit.tokenizer import load_tokenizer
     model, _ = load_model(minilm_folder, quiet=True)
     tok = load_tokenizer(minilm_folder)
     for bad in (2.5, 0, "3"):

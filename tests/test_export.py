@@ -165,7 +165,8 @@ def _assert_onnx_file_equals_pytorch(path, folder, texts, pairs=None):
     """The ONNX file's outputs on ONNX Runtime within 1e-4 of the folder's model in PyTorch."""
     import onnxruntime as ort
 
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
+    from bertkit.tokenizer import load_tokenizer
     batch = load_tokenizer(folder).encode(texts, pairs)
     bert, _ = load_model(folder, heads=False, quiet=True)
     with torch.inference_mode():
@@ -266,7 +267,7 @@ def test_export_over_an_earlier_one_leaves_none_of_its_model_files(tmp_path, tin
     bertkit.json named a task the new model was not fine-tuned for."""
     import shutil
 
-    from bertkit.checkpoint import load_tokenizer
+    from bertkit.tokenizer import load_tokenizer
     src = tmp_path / "src"
     src.mkdir()
     for name in ("config.json", "model.safetensors"):
@@ -290,9 +291,10 @@ def test_export_runs_each_attention_as_one_node(tiny_bert, tmp_path):
     its own left), and the fused graph gives the plain graph's outputs on a padded batch."""
     import onnx
 
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.inference.export import export_onnx
     from bertkit.inference.onnx_runtime import OnnxEncoder
+    from bertkit.tokenizer import load_tokenizer
 
     bert, _ = load_model(tiny_bert, heads=False, quiet=True)
     bert.eval()
@@ -316,11 +318,12 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     plain dynamic quantisation keeps. The graph is the folder export's (each attention one node)."""
     import onnx
 
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.rotten_tomatoes import build
+    from bertkit.folders import load_model
     from bertkit.inference.export import calibration_batches, export_onnx, quantize_int8
     from bertkit.inference.onnx_graph import smooth_for_int8
     from bertkit.inference.onnx_runtime import OnnxEncoder
+    from bertkit.tokenizer import load_tokenizer
 
     fp32 = tmp_path / "minilm.onnx"
     bert, _ = load_model(minilm_folder, heads=False, quiet=True)

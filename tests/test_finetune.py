@@ -179,8 +179,8 @@ def test_word_head_options_take_away_what_favours_the_seen_targets(tiny_bert):
     running mean of each word's score, which prediction takes off. The default head does none."""
     import torch.nn.functional as F
 
-    from bertkit.checkpoint import load_model
     from bertkit.config import load_config
+    from bertkit.folders import load_model
     from bertkit.tasks import get_task
     from bertkit.tasks.word import HUB_MOMENTUM
     cfg = load_config(tiny_bert)
@@ -214,8 +214,8 @@ def test_word_negatives_targets_ranks_the_target_among_the_training_targets_only
     still range over every whole word."""
     import torch.nn.functional as F
 
-    from bertkit.checkpoint import load_model
     from bertkit.config import load_config
+    from bertkit.folders import load_model
     from bertkit.model import set_dropout
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
@@ -441,10 +441,11 @@ def test_classify_defaults_to_the_checkpoints_own_sentence_vector(tmp_path, tiny
 def test_evaluation_in_length_sorted_batches_gives_the_predictions_of_input_order(tmp_path, tiny_bert, task_name):
     """run_task batches the features by length (less padding) and hands the predictions back in
     input order: the same as decoding batches taken in input order."""
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     from bertkit.tasks.runner import length_order, run_task, task_outputs
+    from bertkit.tokenizer import load_tokenizer
     task = get_task(task_name)()
     if task_name == "classify":
         words = "a wonderful moving film that is dull and far too long but the best thing this year".split()
@@ -483,10 +484,11 @@ def test_heads_that_read_cls_run_the_last_layer_there_only_with_the_full_layers_
     """classify with the pooler or [CLS] and word read the last layer at position 0 alone, so they
     run it there only: loss, outputs and every gradient equal those of the full last layer (mean
     pooling reads every position and runs it in full)."""
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     from bertkit.tasks.runner import feature_batches
+    from bertkit.tokenizer import load_tokenizer
     task = get_task(task_name)()
     if task_name == "classify":
         path = tmp_path / "data.csv"
@@ -638,11 +640,12 @@ def test_evaluation_loss_does_not_depend_on_the_batch_size(tmp_path, tiny_bert, 
     """eval_loss is the mean over what the task's loss averages over (examples, labelled words):
     the mean of batch means counted a short last batch as a full one (1.0583 against 1.0615 at
     batch 64 and 1.0627 at 100, on a trained classifier)."""
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export
+    from bertkit.folders import load_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     from bertkit.tasks.runner import run_task
+    from bertkit.tokenizer import load_tokenizer
     name, file = ("rotten-tomatoes", "train.jsonl") if task_name == "classify" else ("wnut16", "train.conll")
     export(name, tmp_path / name)
     task = get_task(task_name)()
@@ -703,7 +706,7 @@ def test_a_head_transformers_would_run_otherwise_is_not_loaded_by_it_silently(tm
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForSequenceClassification
 
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
     from bertkit.tasks.folder import load_task_model, save_task_model
@@ -730,8 +733,8 @@ def test_the_default_lr_follows_what_the_model_is(tmp_path, tiny_bert):
     it; --lr always wins, and a resume resolves the same default."""
     import shutil
 
-    from bertkit.checkpoint import pretraining_origin
     from bertkit.finetune import FinetuneConfig
+    from bertkit.folders import pretraining_origin
     from bertkit.tasks import DEFAULTS, default_lr
 
     def folder(name, info=None):

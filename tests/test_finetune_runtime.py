@@ -119,11 +119,12 @@ def test_resume_refuses_changed_options(tmp_path, tiny_bert, data, capsys):
 
 def _grads(model_folder, data, grad_accum, procs=None, rows=None):
     """One global batch of 8 real reviews through accumulate_gradients; the gradients."""
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.finetune import TaskStep, accumulate_gradients
+    from bertkit.folders import load_model
     from bertkit.model import init_weights
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tokenizer import load_tokenizer
     from bertkit.training.distributed import Processes
     task = get_task("classify")()
     examples = task.read(data / "train.jsonl")[:8]
@@ -158,12 +159,13 @@ def test_gradient_accumulation_gives_the_gradients_of_one_batch_for_every_task(t
     micro-batch by its share of those (ner's gradients were 35% off at grad_accum 2, summarize's
     6x at 4). The word task's batch mixes targets that are one vocabulary token with ones that
     are not (no target: a micro-batch of only those has no loss)."""
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.data.registry import export
     from bertkit.finetune import TaskStep, accumulate_gradients
+    from bertkit.folders import load_model
     from bertkit.model import init_weights
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tokenizer import load_tokenizer
     from bertkit.training.distributed import Processes
     name, file = TASK_DATA[task_name]
     export(name, tmp_path / name)
@@ -513,10 +515,11 @@ def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny_bert
 def test_evaluation_over_ranks_gathers_outputs_on_the_cpu(tiny_bert, data):
     """all_gather_object pickles: a CUDA tensor comes back on the sending rank's GPU, and rank 0
     concatenated classify's probabilities from two GPUs (an error in every multi-GPU run)."""
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.finetune import evaluate_in_parts
+    from bertkit.folders import load_model
     from bertkit.tasks import get_task
     from bertkit.tasks.base import TaskModel
+    from bertkit.tokenizer import load_tokenizer
     from bertkit.training.distributed import Processes
 
     class Gathered(Exception):

@@ -216,8 +216,8 @@ def test_vocabulary_larger_than_the_embeddings_is_refused(tiny_folder, tmp_path)
     import json
     import shutil
 
-    from bertkit.checkpoint import load_tokenizer
     from bertkit.inference.encode import Encoder
+    from bertkit.tokenizer import load_tokenizer
     assert load_tokenizer(tiny_folder).vocab_size == 30522
     folder = tmp_path / "m"
     shutil.copytree(tiny_folder, folder)
@@ -229,7 +229,7 @@ def test_vocabulary_larger_than_the_embeddings_is_refused(tiny_folder, tmp_path)
 
 
 def test_fill_mask_says_a_mask_was_truncated(tiny_folder):
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     from bertkit.inference.fill_mask import fill_mask
     from bertkit.tokenizer import WordPieceTokenizer
     model, _ = load_model(tiny_folder, quiet=True)

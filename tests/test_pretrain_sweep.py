@@ -158,6 +158,41 @@ def test_resuming_pretraining_from_a_fine_tuning_checkpoint_is_refused_by_name(t
         (ckpt / "trainer.json").write_text(json.dumps(state))
         with pytest.raises(BertkitError, match="is not a checkpoint of `bertkit pretrain`"):
             check_resumable(ckpt, cfg, None)
+    # a pretraining checkpoint of a newer version: its unknown option named, with this version
+    (ckpt / "trainer.json").write_text(json.dumps({"step": 3, "files": {}, "options": {"corpus": "wiki",
+                                                                                       "future_option": 1}}))
+    with pytest.raises(BertkitError, match=r"records option\(s\) this bertkit \(.+\) does not know: future_option"):
+        check_resumable(ckpt, cfg, None)
+
+
+def test_a_trainer_json_whose_step_is_not_a_count_is_a_damaged_checkpoint(tmp_path):
+    import json
+
+    from bertkit.training.checkpoints import checkpoint_problem
+    ckpt = tmp_path / "checkpoints" / "step_0000003"
+    ckpt.mkdir(parents=True)
+    for step in ("12", -12, True, None):
+        (ckpt / "trainer.json").write_text(json.dumps({"step": step, "files": {}}))
+        assert "step is not a count of steps" in checkpoint_problem(ckpt), step
+    (ckpt / "trainer.json").write_text(json.dumps({"step": 3, "files": {}}))
+    assert checkpoint_problem(ckpt) is None
+
+
+def test_resume_with_a_budget_replaces_the_steps_the_run_began_with(tmp_path, wiki_excerpt):
+    """A run begun with --steps, resumed with --budget: the budget is the run's length now (the
+    saved --steps beside it was refused as "give --steps or --budget, not both")."""
+    import dataclasses
+    import json
+
+    from bertkit.pretraining.recipes import PretrainConfig
+    out = tmp_path / "run"
+    out.mkdir()
+    first = PretrainConfig(corpus=str(wiki_excerpt), out=str(out), steps=40)
+    (out / "pretrain_config.json").write_text(json.dumps(dataclasses.asdict(first)))
+    cfg = PretrainConfig.from_command({"resume": True, "out": str(out), "budget": "20s"})
+    assert (cfg.budget, cfg.steps, cfg.corpus) == (20.0, None, str(wiki_excerpt))
+    again = PretrainConfig.from_command({"resume": True, "out": str(out)})
+    assert (again.steps, again.budget) == (40, None)
 
 
 def test_a_model_folder_of_one_segment_type_is_refused_before_any_tokenizing(tmp_path, tiny_bert_factory):

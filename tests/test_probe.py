@@ -19,7 +19,7 @@ def test_logistic_regression_predicts_as_scikit_learn_does():
 
 
 def test_probe_data_is_the_fixed_split_and_the_probe_scores_both_models(tiny_bert):
-    from bertkit.checkpoint import load_model
+    from bertkit.folders import load_model
     from bertkit.tokenizer import WordPieceTokenizer
     data = probe_data()
     assert len(data["train"][0]) == PROBE_TRAIN and len(data["dev"][0]) == 1275

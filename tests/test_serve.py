@@ -123,8 +123,9 @@ def test_encode_equals_the_library_and_the_cli(tiny_bert, tmp_path):
 
 
 def test_fill_mask_predict_and_attention(pretrained, classifier, pair_classifier, qa_model, tiny_bert):
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.inference.fill_mask import fill_mask
+    from bertkit.tokenizer import load_tokenizer
     texts = ["Paris is the [MASK] of France.", "The [MASK] sat on the [MASK]."]
     model, _ = load_model(pretrained)
     expected = fill_mask(model, load_tokenizer(pretrained), texts, 3)
@@ -267,8 +268,9 @@ def test_fill_mask_runs_in_chunks_that_bound_its_memory_and_answers_as_the_desig
     """The scores over the vocabulary are held for a few texts at a time (texts x [MASK]s x
     vocabulary floats), with the same answers as one pass; {"text": ...} answers
     {"predictions": [[{"token", "score"}, ...] per [MASK]]} (DESIGN.md's form)."""
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.inference import fill_mask as fm
+    from bertkit.tokenizer import load_tokenizer
     model, _ = load_model(pretrained)
     tok = load_tokenizer(pretrained)
     texts = ["The [MASK] sat.", "[MASK] [MASK] and [MASK] went [MASK] home.", "Paris is the [MASK] of France.",

@@ -21,8 +21,9 @@ def test_word_targets_that_are_chinese_characters_are_reachable(minilm_folder):
 def test_word_task_runs_on_a_model_whose_embeddings_outnumber_the_tokenizers_ids(tmp_path, tiny_bert_factory):
     """A vocabulary padded to a multiple of 8 (config vocab_size 30528, 30522 tokens) is a valid
     folder; the word task's candidate mask (one per token id) did not broadcast over its logits."""
-    from bertkit.checkpoint import load_model, load_tokenizer
+    from bertkit.folders import load_model
     from bertkit.tasks.runner import run_task
+    from bertkit.tokenizer import load_tokenizer
     folder = tiny_bert_factory.folder(tmp_path / "padded", vocab_size=30528)
     tok, (bert, _) = load_tokenizer(folder), load_model(folder, heads=False)
     task = get_task("word")()
@@ -56,9 +57,10 @@ def test_a_fine_tuned_folders_task_options_are_checked_when_it_is_loaded(tmp_pat
 
     import pytest
 
-    from bertkit.checkpoint import load_model, load_tokenizer
     from bertkit.errors import BertkitError
+    from bertkit.folders import load_model
     from bertkit.tasks.folder import load_task_model, save_task_model
+    from bertkit.tokenizer import load_tokenizer
     tok, (bert, _) = load_tokenizer(tiny_bert), load_model(tiny_bert, heads=False)
     task = get_task("summarize")()
     task.fit([{"sentences": ["A cat sat.", "It slept."], "labels": [1, 0]}], {"k": 2, "max_len": 64})

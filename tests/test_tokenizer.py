@@ -258,8 +258,8 @@ def test_cli_fill_mask_on_a_folder_without_tokenizer_json(tmp_path, minilm_folde
     import shutil
 
     from bertkit import BertForPreTraining, save_model
-    from bertkit.checkpoint import load_model
     from bertkit.cli import main
+    from bertkit.folders import load_model
     model, _ = load_model(minilm_folder, quiet=True)  # MiniLM with MLM and NSP heads (random ones)
     assert isinstance(model, BertForPreTraining)
     save_model(model, tmp_path / "m")

@@ -127,7 +127,7 @@ class Encoder:
                     "max_len": folder_max_len(folder)}
         if backend != "torch":
             return cls(OnnxEncoder.from_folder(folder, int8=backend == "onnx-int8"), tokenizer, precision=precision, **defaults)
-        from ..checkpoint import load_model
+        from ..folders import load_model
         model, _ = load_model(folder, heads=False)
         return cls(model, tokenizer, device=device, precision=precision, **defaults)
 

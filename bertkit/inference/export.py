@@ -167,8 +167,9 @@ def open_task_folder(folder: str | Path, task_name: str | None = None, backend: 
 def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: bool = False) -> dict:
     """Copy the model folder to `out` and add model.onnx (and model.int8.onnx); returns the
     largest difference between the ONNX and PyTorch outputs on a check batch."""
-    from ..checkpoint import load_model, load_tokenizer
+    from ..folders import load_model
     from ..outputs import check_output_folder
+    from ..tokenizer import load_tokenizer
 
     folder = Path(folder)
     out = check_output_folder(out, overwrite)
@@ -218,9 +219,10 @@ def export_file(folder: str | Path, path: str | Path, int8: bool = False, overwr
     """Write the encoder alone as one ONNX file (`bertkit export --onnx FILE`), for ONNX Runtime
     outside bertkit: inputs input_ids, token_type_ids, attention_mask; outputs sequence_output,
     pooled_output. With int8, also FILE's stem + .int8.onnx. Returns what export() returns."""
-    from ..checkpoint import load_model, load_tokenizer
     from ..files import atomic_write
+    from ..folders import load_model
     from ..outputs import check_output_file
+    from ..tokenizer import load_tokenizer
 
     if Path(path).suffix != ".onnx":
         raise BertkitError(f"--onnx {path}: give a file name ending in .onnx")

@@ -32,10 +32,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from ..checkpoint import load_model
 from ..config import BertConfig
 from ..errors import BertkitError
 from ..files import atomic_write
+from ..folders import load_model
 from ..model import BertForPreTraining, BertModel, Linear, init_weights
 from ..pooling import folder_modules, folder_normalize, folder_pooling, pool
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_model, save_model
+from ..folders import load_model, save_model
 from ..pooling import pool
 from ..training.distributed import Processes, accumulate
 from ..training.loop import Job, Loop, StepResult

@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from .. import kernels
-from ..checkpoint import load_model, save_model
 from ..config import BertConfig
 from ..files import atomic_write
+from ..folders import load_model, save_model
 from ..kernels.cross_entropy import MLM_ROWS_MULTIPLE, LinearCrossEntropy, sample_rows
 from ..model import BertForPreTraining, BertModel, Linear, init_weights
 from ..training.distributed import accumulate

@@ -138,13 +138,15 @@ class PretrainConfig(RunOptions):
             if given.get("vocab_size") is not None and given["vocab_size"] != base.get("vocab_size"):
                 raise BertkitError(f"--vocab-size {given['vocab_size']}: the run in {given['out']} trained its "
                                    f"vocabulary with {base.get('vocab_size')}, which a resumed run keeps")
-            given = {**{k: v for k, v in base.items() if k != "progress"}, **given}
+            # the run's length as given now: a saved --steps gives way to a --budget given, and the reverse
+            dropped = {"progress", *(("steps", "budget") if given.get("steps") or given.get("budget") else ())}
+            given = {**{k: v for k, v in base.items() if k not in dropped}, **given}
         if config:
             return cls.from_toml(config, command, **given)
         return cls(**given)
 
     def __post_init__(self):
-        from ..checkpoint import pretraining_origin  # (torch: the CLI builds its parser from this module without it)
+        from ..folders import pretraining_origin  # (torch: the CLI builds its parser from this module without it)
         from ..training.options import parse_duration
         self.check_types()
         if self.objective not in OBJECTIVES:

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..checkpoint import load_model
+from ..folders import load_model
 from ..tokenizer import WordPieceTokenizer
 from .probe import PROBE_MIN_RUN_S, report
 from .recipes import PretrainConfig

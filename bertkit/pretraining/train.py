@@ -17,9 +17,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_config, load_model, pretraining_origin, save_model
-from ..config import PRESETS, BertConfig
+from ..config import PRESETS, BertConfig, load_config
 from ..errors import BertkitError
+from ..folders import load_model, pretraining_origin, save_model
 from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
 from ..outputs import check_output_folder
@@ -119,9 +119,14 @@ def check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining) 
     """A checkpoint's trainer.json, if this run can continue it exactly: written by pretraining,
     by the same model configuration and options."""
     state = json.loads((ckpt / "trainer.json").read_text())
-    if not isinstance(state.get("options"), dict) or not all(hasattr(cfg, k) for k in state["options"]):
+    options = state.get("options")
+    if not isinstance(options, dict) or "corpus" not in options:
         # a fine-tuning run's --out, say: its checkpoints record other options
         raise BertkitError(f"{ckpt} is not a checkpoint of `bertkit pretrain`; choose another --out")
+    unknown = [k for k in options if not hasattr(cfg, k)]
+    if unknown:  # written by a newer bertkit
+        raise BertkitError(f"{ckpt} records option(s) this bertkit ({_version()}) does not know: "
+                           f"{', '.join(unknown)}; resume it with the version that wrote it")
     saved = load_config(ckpt)
     if saved != model.config:
         diff = [f"{f.name} {getattr(saved, f.name)} in the checkpoint vs {getattr(model.config, f.name)} now"
@@ -130,6 +135,14 @@ def check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining) 
                            "resume with the options of that run or choose another --out")
     refuse_changed(state["options"], cfg, "in the checkpoint", ckpt)
     return state
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("bertkit")
+    except PackageNotFoundError:  # run from a source tree
+        return "from source"
 
 
 # ---- one optimizer step's gradients ---------------------------------------------------------

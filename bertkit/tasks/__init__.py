@@ -61,7 +61,7 @@ def default_lr(task: str, folder: str | Path) -> float:
     """`finetune`'s learning rate when --lr is not given: the task's (chosen on MiniLM, as for any
     published checkpoint), or for a model bertkit pretrained from scratch SCRATCH_LR_AT_128 x 128 /
     its hidden size."""
-    from ..checkpoint import pretraining_origin
+    from ..folders import pretraining_origin
     if pretraining_origin(folder) is not None:
         try:
             hidden = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))["hidden_size"]
@@ -85,7 +85,7 @@ SCRATCH_MIN_STEPS = 950
 def default_epochs(task: str, folder: str | Path, n_train: int, batch_size: int) -> int:
     """`finetune`'s epochs when --epochs is not given: the task's, or for a model bertkit pretrained
     from scratch enough epochs of n_train examples to reach SCRATCH_MIN_STEPS steps."""
-    from ..checkpoint import pretraining_origin
+    from ..folders import pretraining_origin
     epochs = DEFAULTS.get(task, DEFAULTS["classify"])["epochs"]
     if pretraining_origin(folder) is None or n_train < 1:
         return epochs

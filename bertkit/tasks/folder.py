@@ -7,11 +7,12 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import load_model, load_tokenizer, save_model, weights_path
 from ..config import check_max_len
 from ..errors import BertkitError
+from ..files import weights_path
+from ..folders import load_model, save_model
 from ..inputs import parse_json, read_text
-from ..tokenizer import WordPieceTokenizer
+from ..tokenizer import WordPieceTokenizer, load_tokenizer
 from . import get_task
 from .base import Task, TaskModel
 

@@ -37,7 +37,7 @@ class FinetuneConfig(RunOptions):
     TOML_TABLE = "finetune"
 
     def __post_init__(self):
-        from ..checkpoint import pretraining_origin  # (torch: the CLI builds its parser from this module without it)
+        from ..folders import pretraining_origin  # (torch: the CLI builds its parser from this module without it)
         if self.budget is not None and self.epochs is not None:  # the budget ends the run: epochs would be ignored
             raise BertkitError("give --epochs or --budget, not both")
         # lr below; a model bertkit pretrained takes its epochs from the training set's size, known in

@@ -146,7 +146,7 @@ class WordTask(Task):
     def init_head(self, head, cfg):
         super().init_head(head, cfg)
         if self.info.get("transform", "random") == "mlm":
-            from ..checkpoint import has_trained_mlm_head, load_model
+            from ..folders import has_trained_mlm_head, load_model
             base = self.info.get("base_model")
             if base is None or not has_trained_mlm_head(base):
                 raise BertkitError(f"--option transform=mlm: {base} has no trained MLM head (cls.predictions.*) "

@@ -70,6 +70,9 @@ def checkpoint_problem(ckpt: Path) -> str | None:
     if not isinstance(files, dict) or not all(isinstance(w, dict) and {"bytes", "sha256"} <= w.keys()
                                               for w in files.values()):
         return "trainer.json does not list the checkpoint's files"
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"trainer.json's step is not a count of steps ({step!r})"
     for name, want in files.items():
         f = ckpt / name
         if not f.is_file():

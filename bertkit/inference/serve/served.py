@@ -9,7 +9,8 @@ class Served:
     fine-tuned task (bertkit.json); attention with the torch backend's weights."""
 
     def __init__(self, folder: str | Path, backend: str = "torch"):
-        from ...checkpoint import has_trained_mlm_head, load_model, load_tokenizer
+        from ...folders import has_trained_mlm_head, load_model
+        from ...tokenizer import load_tokenizer
         from ..encode import Encoder, folder_max_len, folder_normalize, folder_pooling, warn_unsupported
 
         self.folder = Path(folder)

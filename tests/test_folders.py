@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from bertkit import BertForPreTraining, BertkitError, BertModel, load_model, save_model
-from bertkit.checkpoint import name_map
+from bertkit.folders import name_map
 
 
 def _hf_config(cfg):
@@ -213,7 +213,7 @@ def test_load_model_builds_undrawn_and_refuses_a_tensor_it_did_not_load(tmp_path
     unloaded would hold whatever memory held, so it is an error, not a silent garbage weight."""
     import threading
 
-    from bertkit import checkpoint
+    from bertkit import folders
     from bertkit.model import Linear, weights_not_drawn
     model = tiny_bert_factory.model(BertForPreTraining)
     save_model(model, tmp_path / "m")
@@ -227,8 +227,8 @@ def test_load_model_builds_undrawn_and_refuses_a_tensor_it_did_not_load(tmp_path
         thread.start()
         thread.join()
     assert drawn["w"].abs().max() > 0 and drawn["w"].std() > 0.01
-    full = checkpoint.name_map
-    monkeypatch.setattr(checkpoint, "name_map", lambda c, heads: {
+    full = folders.name_map
+    monkeypatch.setattr(folders, "name_map", lambda c, heads: {
         k: v for k, v in full(c, heads).items() if k != "bert.embeddings.position.weight"})
     with pytest.raises(BertkitError, match="not loaded: bert.embeddings.position.weight"):
         load_model(tmp_path / "m")
@@ -241,7 +241,8 @@ def test_a_sharded_checkpoint_loads_as_transformers_saves_it(tmp_path, tiny_bert
 
     from transformers import BertForPreTraining as HFPreTraining
 
-    from bertkit.checkpoint import has_trained_mlm_head, weight_files
+    from bertkit.files import weight_files
+    from bertkit.folders import has_trained_mlm_head
     cfg = tiny_bert_factory.config()
     torch.manual_seed(0)
     theirs = HFPreTraining(_hf_config(cfg)).eval()

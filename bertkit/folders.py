@@ -15,11 +15,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .config import BertConfig, load_config  # noqa: F401 - load_config: re-exported
+from .config import BertConfig, load_config
 from .errors import BertkitError
-from .files import WEIGHTS, WEIGHTS_INDEX, atomic_write, read_shard_index, weight_files, weights_path  # noqa: F401
+from .files import WEIGHTS, WEIGHTS_INDEX, atomic_write, read_shard_index, weights_path
 from .model import BertForPreTraining, BertModel, init_weights, weights_not_drawn
-from .tokenizer import check_vocab_fits, load_tokenizer  # noqa: F401 - re-exported
 
 # ---- the name map ---------------------------------------------------------------------------
 # bertkit name -> HF BertModel name(s). Several HF names are concatenated along dim 0 (our fused
