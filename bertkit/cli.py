@@ -442,7 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     if extra and hasattr(args, "text") and (extra[:1] == ["--"] or not any(e.startswith("-") for e in extra)):
         args.text = list(args.text or []) + texts
     elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = ("; a text that starts with '-' goes after '--' (bertkit predict classify --model M -- \"-5 stars\")"
+                if hasattr(args, "text") else "")
+        parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     warnings.formatwarning = lambda msg, *a, **k: f"bertkit: warning: {msg}\n"
     if args.func in (cmd_encode, cmd_fill_mask, cmd_predict, cmd_evaluate, cmd_serve):
         # a batch's freed activations serve the next one (training/memory.py): bertkit encode on

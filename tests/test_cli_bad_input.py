@@ -385,6 +385,10 @@ def test_texts_after_a_double_dash_may_start_with_a_dash(models, capsys):
     assert main(["predict", "classify", "--model", str(models["classifier"]), "--", "-5 stars", "--fine"]) == 0
     rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["text"] for r in rows] == ["-5 stars", "--fine"]
+    # without it, the error says where such a text goes
+    with pytest.raises(SystemExit):
+        main(["predict", "classify", "--model", str(models["classifier"]), "-5 stars"])
+    assert "a text that starts with '-' goes after '--'" in capsys.readouterr().err
 
 
 def test_classify_labels_that_only_look_like_numbers_are_strings(tmp_path, models, capsys):

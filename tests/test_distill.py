@@ -287,3 +287,13 @@ def test_evaluation_texts_are_taken_out_of_the_corpus(tmp_path, corpus, teacher,
         [int(t) for s in ("train", "eval") for t in TokenStore(out / "data" / "shards" / s).shard(0).tokens])
     with pytest.raises(BertkitError, match="--exclude-from .*missing.jsonl: no such file"):
         _cfg(corpus, teacher, tmp_path / "x", exclude_from=str(tmp_path / "missing.jsonl"))
+
+
+def test_one_document_is_enough_for_distillation_not_for_pairs(tmp_path, corpus, teacher):
+    """Distillation reads single texts; sentence pairs need two documents even at --nsp-weight 0."""
+    one = tmp_path / "one.txt"
+    one.write_text("\n".join(corpus.read_text().split("\n\n")[0].splitlines()[:20]) + "\n")
+    assert pretrain(_cfg(one, teacher, tmp_path / "d", steps=1, batch_size=8, holdout_every=0))["steps"] == 1
+    with pytest.raises(BertkitError, match="the sentence pairs need at least two documents, even with --nsp-weight 0"):
+        pretrain(PretrainConfig(corpus=str(one), out=str(tmp_path / "p"), steps=1, nsp_weight=0.0,
+                                sentence_per_line=True, progress=False))

@@ -76,6 +76,8 @@ def client(folder, **options):
 def test_health_info_and_openapi(tiny_bert, pretrained):
     with client(tiny_bert) as c:
         assert c.get("/health").json() == {"status": "ok"}
+        head = c.head("/health")
+        assert head.status_code == 200 and head.content == b""
         info = c.get("/info").json()
         assert info["task"] is None and info["fill_mask"] is False and info["hidden_size"] == 32
         assert info["limits"]["max_tokens"] == 512 and info["limits"]["max_texts"] == 256

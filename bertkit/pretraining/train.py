@@ -322,9 +322,11 @@ def _open_out(cfg: PretrainConfig, run: Run) -> Path | None:
     found = None if cfg.resume else documents_up_to_two(cfg.corpus, cfg.doc_per_file)  # before any tokenizing
     if found == 0:
         raise BertkitError(f"{cfg.corpus}: the corpus is empty (no text)")
-    if found == 1:
+    if found == 1 and cfg.objective != "distill":  # distillation reads single texts: one document will do
         hint = "give two or more files with text" if cfg.doc_per_file else "separate documents with a blank line"
-        raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents, found 1 ({hint})")
+        why = ("the sentence pairs need at least two documents, even with --nsp-weight 0 (half of them pair "
+               "text from two)" if cfg.nsp_weight == 0 else "next sentence prediction needs at least two documents")
+        raise BertkitError(f"{cfg.corpus}: {why}, found 1 ({hint})")
     if cfg.model not in PRESETS and not cfg.resume:  # a folder that cannot train fails before any tokenizing
         _check_model_folder(cfg)
     ckpt = None
@@ -374,7 +376,7 @@ def _prepare(cfg: PretrainConfig, run: Run, ckpt: Path | None) -> tuple[WordPiec
     if not procs.main:
         tok = WordPieceTokenizer.from_folder(data)
         train_store, eval_store = prepare_data(cfg, tok, data, Documents(cfg), log)
-    if train_store.meta["documents"] < 2:
+    if train_store.meta["documents"] < (1 if cfg.objective == "distill" else 2):
         raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents for training, "
                            f"found {train_store.meta['documents']} (separate documents with a blank line)")
     return tok, train_store, eval_store

@@ -201,7 +201,7 @@ async def attention(body: AttentionRequest, request: Request, served: ServedDep,
                               "heads": served.config.num_attention_heads, **result})
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
 async def health():
     return {"status": "ok"}
 
