@@ -289,6 +289,38 @@ def _resume(cfg: FinetuneConfig, run: Run, ckpt: Path, task: Task, model: TaskMo
     return state
 
 
+def _prepare(cfg: FinetuneConfig, run: Run, task: Task, user_options: dict, train_ex: list | None):
+    """The tokenizer, the model (the body loaded, the task's head new), the examples and their
+    features, and the training precision."""
+    procs = run.procs
+    model_cfg = load_config(cfg.model)
+    check_max_len(cfg.max_len, model_cfg)
+    tok = load_tokenizer(cfg.model, model_cfg)
+    train_ex, eval_ex = task.read(cfg.train) if train_ex is None else train_ex, task.read(cfg.eval)
+    if not train_ex:
+        raise BertkitError(f"{cfg.train}: no training examples")
+    if not eval_ex:
+        raise BertkitError(f"{cfg.eval}: no evaluation examples")
+    torch.manual_seed(cfg.seed)
+    bert, _ = load_model(cfg.model, heads=False)
+    # the task's defaults from the fine-tuning study, then what the user chose: all of it goes into
+    # bertkit.json (with what fit() adds, e.g. classify's pooling), so that evaluate and predict
+    # run the model as it was trained
+    options = {**DEFAULTS[cfg.task]["options"], "max_len": cfg.max_len, "base_model": str(cfg.model), **user_options}
+    task.fit(train_ex, options)
+    task.check(eval_ex, cfg.eval)
+    model = TaskModel(bert, task.head(bert.config, bert))
+    task.init_head(model.head, bert.config)
+    model.to(procs.device)
+    precision = training_precision(procs.device, cfg.precision)
+    train_feats = task.features(train_ex, tok, cfg.max_len)
+    eval_feats = task.features(eval_ex, tok, cfg.max_len)
+    run.log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for "
+            f"evaluation; training in {precision}{' (bf16 autocast)' if precision == 'bf16' else ''}, evaluation "
+            "in fp32")
+    return tok, model, (train_ex, eval_ex, train_feats, eval_feats), precision
+
+
 def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict | None:
     """Fine-tune (or resume fine-tuning) a model folder for a task; returns the summary also
     written to OUT/summary.json (None on the other ranks of a torchrun job: rank 0 writes).
@@ -317,31 +349,8 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     ckpt = Path(ckpt) if ckpt else None
     if cfg.batch_size % procs.world:
         raise BertkitError(f"--batch-size {cfg.batch_size} is not divisible by {procs.world} processes")
-    model_cfg = load_config(cfg.model)
-    check_max_len(cfg.max_len, model_cfg)
-    tok = load_tokenizer(cfg.model, model_cfg)
-    train_ex, eval_ex = task.read(cfg.train) if train_ex is None else train_ex, task.read(cfg.eval)
-    if not train_ex:
-        raise BertkitError(f"{cfg.train}: no training examples")
-    if not eval_ex:
-        raise BertkitError(f"{cfg.eval}: no evaluation examples")
-    torch.manual_seed(cfg.seed)
-    bert, _ = load_model(cfg.model, heads=False)
-    # the task's defaults from the fine-tuning study, then what the user chose: all of it goes into
-    # bertkit.json (with what fit() adds, e.g. classify's pooling), so that evaluate and predict
-    # run the model as it was trained
-    options = {**DEFAULTS[cfg.task]["options"], "max_len": cfg.max_len, "base_model": str(cfg.model), **user_options}
-    task.fit(train_ex, options)
-    task.check(eval_ex, cfg.eval)
-    model = TaskModel(bert, task.head(bert.config, bert))
-    task.init_head(model.head, bert.config)
-    model.to(procs.device)
-    precision = training_precision(procs.device, cfg.precision)
-    train_feats = task.features(train_ex, tok, cfg.max_len)
-    eval_feats = task.features(eval_ex, tok, cfg.max_len)
-    log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for evaluation; "
-        f"training in {precision}{' (bf16 autocast)' if precision == 'bf16' else ''}, evaluation in fp32")
-
+    tok, model, data, precision = _prepare(cfg, run, task, user_options, train_ex)
+    train_ex, eval_ex, train_feats, eval_feats = data
     opt = adamw(model, cfg.lr, cfg.weight_decay)
     state = _resume(cfg, run, ckpt, task, model, opt) if ckpt is not None else None
     if procs.main:

@@ -297,3 +297,24 @@ def test_one_document_is_enough_for_distillation_not_for_pairs(tmp_path, corpus,
     with pytest.raises(BertkitError, match="the sentence pairs need at least two documents, even with --nsp-weight 0"):
         pretrain(PretrainConfig(corpus=str(one), out=str(tmp_path / "p"), steps=1, nsp_weight=0.0,
                                 sentence_per_line=True, progress=False))
+
+
+def test_a_student_of_every_other_teacher_layer(tmp_path, tiny_bert_factory, corpus, teacher):
+    """--student-layers N: the teacher's shape with N of its layers, evenly spaced from the first."""
+    from bertkit.folders import load_model, save_model
+    from bertkit.model import BertForPreTraining
+    full = tiny_bert_factory.model(BertForPreTraining, num_hidden_layers=4)
+    layers = [{k: v.clone() for k, v in layer.state_dict().items()} for layer in full.bert.layers]
+    half = distill.teacher_layers(full, 2)
+    assert half.config.num_hidden_layers == 2 == len(half.bert.layers)
+    for got, want in zip(half.bert.layers, (layers[0], layers[2])):
+        assert all(torch.equal(got.state_dict()[k], want[k]) for k in want)
+    save_model(half, tmp_path / "half")
+    assert load_model(tmp_path / "half")[0].config.num_hidden_layers == 2
+    with pytest.raises(BertkitError, match="--student-layers 5: the teacher has 2 layers"):
+        distill.teacher_layers(tiny_bert_factory.model(BertForPreTraining), 5)
+    with pytest.raises(BertkitError, match="--student-layers is a number of the teacher's layers for --teacher"):
+        PretrainConfig(corpus=str(corpus), out=str(tmp_path / "x"), student_layers=1)
+    summary = pretrain(_cfg(corpus, teacher, tmp_path / "run", steps=1, student_layers=1))
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["hidden_size"] == 32
+    assert summary["steps"] == 1

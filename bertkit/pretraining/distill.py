@@ -20,6 +20,7 @@ first do not run the teacher again.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -208,6 +209,18 @@ def build_student(preset_cfg: BertConfig, teacher: Teacher) -> BertForPreTrainin
     if preset_cfg.hidden_size <= teacher.config.hidden_size:
         pca_embeddings(teacher.bert, model)
     return model
+
+
+def teacher_layers(teacher: BertForPreTraining, n: int) -> BertForPreTraining:
+    """The teacher with n of its L layers, evenly spaced from the first (every other one for half:
+    DistilBERT's start), its embeddings, pooler and heads kept."""
+    total = teacher.config.num_hidden_layers
+    if not 1 <= n <= total:
+        raise BertkitError(f"--student-layers {n}: the teacher has {total} layers")
+    picks = [round(i * total / n) for i in range(n)]
+    teacher.bert.layers = nn.ModuleList(teacher.bert.layers[i] for i in picks)
+    teacher.config = teacher.bert.config = dataclasses.replace(teacher.config, num_hidden_layers=n)
+    return teacher
 
 
 def check_relation_heads(heads: int, *widths: int) -> None:

@@ -86,6 +86,9 @@ class PretrainConfig(RunOptions):
     sentence_loss: str = option("cosine", "distill: cosine (default) or mse between the student's projected "
                                           "sentence vector and the teacher's", choices=SENTENCE_LOSSES, exact=True)
     relation_heads: int = option(12, "distill: relation heads of the attention relations (default 12)", exact=True)
+    student_layers: int = option(0, "distill: a student of the teacher's shape with N of its layers, evenly "
+                                    "spaced, as DistilBERT starts (in place of --model; default 0: --model)",
+                                 exact=True)
     teacher_cache: bool = option(True, "distill: run the teacher on every text each epoch instead of keeping its "
                                        "sentence vectors in OUT/data/teacher", flag="--no-teacher-cache", const=False)
     rtd_weight: float = option(RTD_WEIGHT, "electra: loss = generator MLM + w x detection (default 50, the "
@@ -238,6 +241,9 @@ class PretrainConfig(RunOptions):
                                                 or self.distill_mlm):
             raise BertkitError("every distillation weight is 0: give --distill-sentence, --distill-hidden, "
                                "--distill-relations or --distill-mlm a weight above 0")
+        if self.student_layers < 0 or (self.student_layers and self.objective != "distill"):
+            raise BertkitError(f"--student-layers is a number of the teacher's layers for --teacher, got "
+                               f"{self.student_layers}")
         if self.relation_heads < 1:
             raise BertkitError(f"--relation-heads must be at least 1, got {self.relation_heads}")
 

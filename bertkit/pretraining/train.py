@@ -87,7 +87,9 @@ def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer):
 
 def _build_student(cfg: PretrainConfig, tok: WordPieceTokenizer) -> distill.Student:
     teacher = distill.Teacher(cfg.teacher, "cpu")
-    if cfg.model in PRESETS:
+    if cfg.student_layers:
+        model = distill.teacher_layers(load_model(cfg.teacher)[0], cfg.student_layers)
+    elif cfg.model in PRESETS:
         bert_cfg = BertConfig.preset(cfg.model, vocab_size=tok.vocab_size, max_position_embeddings=512)
         model = distill.build_student(bert_cfg, teacher)
     else:
