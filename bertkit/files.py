@@ -6,6 +6,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,23 @@ def atomic_write(path: Path, write: Callable[[str], None]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_file(path: str | Path, content: str | bytes) -> None:
+    """A file written whole (atomic_write): a link at `path` is replaced by the file, never
+    written through, so nothing outside the folder being written changes."""
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    atomic_write(Path(path), lambda tmp: Path(tmp).write_bytes(data))
+
+
+def copy_into(src: Path, dst: Path) -> None:
+    """A file or a folder's files copied to `dst` as write_file writes: links there replaced."""
+    if src.is_dir():
+        Path(dst).mkdir(exist_ok=True)
+        for f in src.iterdir():
+            copy_into(f, Path(dst) / f.name)
+    else:
+        atomic_write(Path(dst), lambda tmp: shutil.copy2(src, tmp))
 
 
 @contextmanager

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import BertkitError
+from ..files import write_file
 from . import aclsum, rotten_tomatoes, squad_subset, tweets, wnut16, wordnet_attributes
 from .common import SEED, Built, package_file
 
@@ -114,6 +115,6 @@ def export(name: str, out: str | Path, overwrite: bool = False) -> dict:
         *built.notes, ""])
     out.mkdir(parents=True, exist_ok=True)
     for filename, content in [*built.files.items(), ("README.md", readme)]:
-        (out / filename).write_bytes(content.encode("utf-8"))
+        write_file(out / filename, content)  # a link in --out is replaced, never written through
     return {"files": {Path(f).stem: str(out / f) for f in built.files} | {"readme": str(out / "README.md")},
             "counts": built.counts, "labels": built.labels, "source": built.source, "licence": d.licence}

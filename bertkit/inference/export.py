@@ -9,7 +9,6 @@ head stays in PyTorch, reading the encoder's outputs.
 from __future__ import annotations
 
 import json
-import shutil
 import warnings
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import BertkitError
+from ..files import copy_into, write_file
 from ..model import BertModel, BertOutput, gather_rows
 from . import onnx_graph
 from .onnx_runtime import HEAD_ONNX, INPUTS, MANIFEST, ONNX, ONNX_INT8, OUTPUTS, OnnxEncoder, open_session, source_files
@@ -191,10 +191,9 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
         if (out / name).is_file() and not (folder / name).exists():  # its tokenizer.json before this vocab.txt
             (out / name).unlink()
     for f in folder.iterdir():  # the folder's files and sub-folders (a sentence-transformers pooling config)
-        if f.is_file() and f.name not in (ONNX, ONNX_INT8, HEAD_ONNX, MANIFEST):
-            shutil.copy2(f, out / f.name)
-        elif f.is_dir() and f.name not in SKIP_FOLDERS:
-            shutil.copytree(f, out / f.name, dirs_exist_ok=True)
+        if (f.is_file() and f.name not in (ONNX, ONNX_INT8, HEAD_ONNX, MANIFEST)) or (
+                f.is_dir() and f.name not in SKIP_FOLDERS):
+            copy_into(f, out / f.name)  # a link in --out is replaced, never written through
     export_onnx(bert, out / ONNX)
     report = {"onnx": str(out / ONNX), "max_abs_diff": check_parity(bert, tokenizer, out / ONNX)}
     if task is not None:
@@ -211,7 +210,7 @@ def export(folder: str | Path, out: str | Path, int8: bool = False, overwrite: b
         quantize_int8(out / ONNX, out / ONNX_INT8, tokenizer, bert.config.max_position_embeddings)
         report["int8"] = str(out / ONNX_INT8)
         report["int8_max_abs_diff"] = check_parity(bert, tokenizer, out / ONNX_INT8)
-    (out / MANIFEST).write_text(json.dumps({"files": source_files(out)}, indent=2) + "\n")
+    write_file(out / MANIFEST, json.dumps({"files": source_files(out)}, indent=2) + "\n")
     return report
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from ..config import BertConfig
 from ..errors import BertkitError
-from ..files import atomic_write
+from ..files import atomic_write, copy_into, write_file
 from ..folders import load_model
 from ..model import BertForPreTraining, BertModel, Linear, init_weights
 from ..pooling import folder_modules, folder_normalize, folder_pooling, pool
@@ -255,15 +254,15 @@ def copy_sentence_transformers(teacher: Path, out: Path, width: int, max_len: in
             cfg = {"word_embedding_dimension": width, "pooling_mode_cls_token": False,
                    "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
                    "pooling_mode_mean_sqrt_len_tokens": False}
-            (out / m["path"] / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+            write_file(out / m["path"] / "config.json", json.dumps(cfg, indent=2) + "\n")
         elif kind == "Normalize" and m.get("path"):
             (out / m["path"]).mkdir(parents=True, exist_ok=True)
         written.append(entry)
-    (out / "modules.json").write_text(json.dumps(written, indent=2) + "\n")
-    (out / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": max_len,
-                                                                "do_lower_case": False}, indent=2) + "\n")
+    write_file(out / "modules.json", json.dumps(written, indent=2) + "\n")
+    write_file(out / "sentence_bert_config.json", json.dumps({"max_seq_length": max_len, "do_lower_case": False},
+                                                             indent=2) + "\n")
     if (teacher / "config_sentence_transformers.json").is_file():
-        shutil.copyfile(teacher / "config_sentence_transformers.json", out / "config_sentence_transformers.json")
+        copy_into(teacher / "config_sentence_transformers.json", out / "config_sentence_transformers.json")
     return True
 
 

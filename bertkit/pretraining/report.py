@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..files import write_file
 from ..folders import load_model
 from ..tokenizer import WordPieceTokenizer
 from .probe import PROBE_MIN_RUN_S, report
@@ -71,4 +72,4 @@ def write_samples(cfg: PretrainConfig, summary: dict) -> None:
     shown = show(model, tokenizer, TokenStore(out / "data" / "shards" / "eval"))
     if summary["elapsed_s"] >= PROBE_MIN_RUN_S:  # seconds of probing: worth it after minutes of training
         shown["downstream_probe"] = report(load_model(out, heads=False)[0] if electra else model.bert, tokenizer)
-    (out / "samples.json").write_text(json.dumps(shown, indent=2) + "\n")
+    write_file(out / "samples.json", json.dumps(shown, indent=2) + "\n")

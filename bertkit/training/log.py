@@ -9,6 +9,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from ..files import write_file
+
 # where stderr is a file or a pipe, the bar is a line this often (and its last state at the end)
 LOG_EVERY_S = 30.0
 
@@ -60,7 +62,7 @@ class MetricsLog:
         if resume_step is not None and self.path.exists():
             self.drop_after(resume_step)  # a resumed run repeats the steps after its checkpoint
         elif resume_step is None:
-            self.path.write_text("")
+            write_file(self.path, "")  # a link left in --out is replaced, never written through
         self.writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
