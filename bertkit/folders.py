@@ -142,6 +142,17 @@ def has_trained_mlm_head(folder: str | Path) -> bool:
         return False
 
 
+def _check_values(tensor: torch.Tensor, name: str, source: Path) -> None:
+    """A weight must be floating point (bertkit saves fp32; published files fp16 or bf16 too) and
+    finite: an int8 cast or a NaN would run on, every answer the same or NaN."""
+    if not tensor.is_floating_point():
+        raise BertkitError(f"{source}: tensor {name!r} is {str(tensor.dtype).removeprefix('torch.')}, not a "
+                           "floating-point weight")
+    if not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise BertkitError(f"{source}: tensor {name!r} holds {bad} NaN or infinite value{'s' * (bad > 1)}")
+
+
 def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     """A model folder -> BertForPreTraining (heads=True) or BertModel, in eval mode.
 
@@ -181,6 +192,8 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
                 raise BertkitError(
                     f"{source}: tensor {file_names[t]!r} has shape {tuple(hf[t].shape)} but "
                     f"config.json implies {tuple(expected)}")
+        for t in theirs:
+            _check_values(hf[t], file_names[t], source)
         tensor = torch.cat([hf[t] for t in theirs]) if len(theirs) > 1 else hf[theirs[0]]
         state[key] = tensor.to(target[key].dtype)
         used.update(theirs)
@@ -215,6 +228,9 @@ def load_model(folder: str | Path, heads: bool = True, quiet: bool = False):
     if unset:  # built undrawn, such a tensor would hold whatever memory held
         raise BertkitError(f"{source}: internal error, tensors not loaded: {', '.join(unset)}")
     extra = {file_names[k]: v for k, v in hf.items() if k not in used}
+    for name, tensor in extra.items():  # a task head's (index buffers such as *_ids aside)
+        if tensor.is_floating_point() or not name.endswith("_ids"):
+            _check_values(tensor, name, source)
     model.eval()
     return model, extra
 

@@ -123,6 +123,26 @@ def _vocab_casing(vocab: dict[str, int] | Iterable[str], source: Path) -> bool:
     return not cased
 
 
+def _check_agrees(tok: Tokenizer, folder: Path) -> None:
+    """tokenizer.json must be a WordPiece model, and where vocab.txt lies beside it the two must
+    hold the same tokens at the same ids: ids from one would hit the other's embeddings."""
+    kind = type(tok.model).__name__
+    if kind != "WordPiece":
+        raise BertkitError(f"{folder / 'tokenizer.json'}: a {kind} tokenizer, not WordPiece: BERT's vocabulary is "
+                           "WordPiece (remove tokenizer.json to use vocab.txt)")
+    path = folder / "vocab.txt"
+    if not path.is_file():
+        return
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    lines = lines[:-1] if lines and lines[-1] == "" else lines
+    vocab = tok.get_vocab()
+    for i, token in enumerate(lines):
+        if vocab.get(token.rstrip("\r")) != i:
+            raise BertkitError(f"{path}, line {i + 1}: {token!r} is id {i} here but "
+                               f"{vocab.get(token.rstrip(chr(13)), 'absent')} in tokenizer.json: the two "
+                               "vocabularies differ; keep the one the model was trained with")
+
+
 class WordPieceTokenizer:
     def __init__(self, tok: Tokenizer, lowercase: bool = True, source: str = "tokenizer"):
         missing = [t for t in SPECIAL_TOKENS if tok.token_to_id(t) is None]
@@ -191,6 +211,7 @@ class WordPieceTokenizer:
                 tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
             except Exception as e:  # the Rust side raises a bare Exception
                 raise BertkitError(f"{folder / 'tokenizer.json'}: cannot read tokenizer ({e})") from None
+            _check_agrees(tok, folder)
             # transformers' BertTokenizer keeps tokenizer.json's vocabulary and builds BERT's pipeline
             # around it: one without a post-processor (as `tokenizers` trains it) encoded no [CLS] and
             # [SEP], one without a pre-tokenizer read a text as one word ([UNK]), one without its

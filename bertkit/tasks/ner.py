@@ -162,6 +162,8 @@ class NerTask(Task):
             elif scheme != "bio" and broken:  # as entities() reads them: B-X O is the one-word S-X
                 print(f"bertkit: {broken} training tag(s) break the {scheme.upper()} scheme (an entity left "
                       "open, or continued without a beginning): learned as the entities they mark", file=sys.stderr)
+        if not_scheme and not self.use_crf:
+            self._io_tags(train, names)
         labels = {t for ex in train for t in self._as_learned(ex["tags"])}
         if scheme:  # every prefix of the scheme for every type: a type seen only in one-word entities
             # refused an evaluation file's I-X (or E-X) as a tag the model did not know
@@ -287,6 +289,20 @@ class NerTask(Task):
             preds.append(to_iob1(tags) if self.info.get("scheme") == "iob1" else tags)
         return preds
 
+    def _io_tags(self, train, names: list[str]) -> None:
+        """Tags of no scheme: a prefix written in lower case ("b-per") is refused by its line; tags
+        with no prefix at all ("PER") are read as IO, a run of one type being one entity."""
+        lower = next((t for t in names if t[:1] in "bieslu" and t[1:2] == "-" and len(t) > 2), None)
+        if lower is not None:
+            ex, i = next((ex, i) for ex in train for i, t in enumerate(ex["tags"]) if t == lower)
+            where = f"line {ex['lines'][i]}" if ex.get("lines") else "the training file"
+            raise BertkitError(f"{where}: tag {lower!r}: entity prefixes are upper case (B-, I-, E-, S-, L-, U-), "
+                               f"as in {lower[0].upper() + lower[1:]!r}")
+        if all(t == "O" or _parse(t)[1] is None for t in names) and len(names) > 1:
+            self.info["io"] = True
+            print("bertkit: the tags have no B-/I- prefixes: read as IO (a run of one type is one entity) for "
+                  "the entity scores", file=sys.stderr)
+
     def metrics(self, predictions, examples):
         from seqeval.metrics import f1_score, precision_score, recall_score
         gold = [ex["tags"] for ex in examples]
@@ -294,6 +310,8 @@ class NerTask(Task):
         # BILOU's L-X and U-X do not end an entity (two U-X in a row were one entity)
         scored = "scheme" in self.info
         g, p = ([to_bio(t) for t in gold], [to_bio(t) for t in predictions]) if scored else (gold, predictions)
+        if self.info.get("io"):  # IO tags: each as I-X, which seqeval reads as runs of one type
+            g, p = ([[t if t == "O" else f"I-{t}" for t in seq] for seq in tags] for tags in (g, p))
         # no entity predicted (or none in gold): 0, seqeval's value, without its warning to the user
         score = lambda metric: metric(g, p, zero_division=0)  # noqa: E731
         return {"precision": score(precision_score), "recall": score(recall_score),

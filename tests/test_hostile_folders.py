@@ -1,0 +1,103 @@
+"""Hostile folders: a link inside a folder a command writes (replaced, never written through: the
+user's file it points at stays as it was), broken weights (refused by tensor name when the folder
+is opened), a tokenizer.json that disagrees with its vocab.txt (refused by line)."""
+from pathlib import Path
+
+import pytest
+
+from bertkit.cli import main
+
+
+def _linked(out, name, tmp_path):
+    """OUT/name -> ../mine.txt, a file of the user's outside OUT."""
+    mine = tmp_path / "mine.txt"
+    mine.write_text("the user's own file\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).symlink_to(mine)
+    return mine
+
+
+@pytest.mark.parametrize("name", ["vocab.txt", "config.json", "onnx.json"])
+def test_export_overwrite_replaces_a_link_in_out(tmp_path, tiny_bert, name):
+    out = tmp_path / "export"
+    mine = _linked(out, name, tmp_path)
+    assert main(["export", "--model", str(tiny_bert), "--out", str(out), "--overwrite"]) == 0
+    assert mine.read_text() == "the user's own file\n"
+    if (out / name).exists():
+        assert not (out / name).is_symlink()
+
+
+def test_data_export_overwrite_replaces_a_link_in_out(tmp_path):
+    out = tmp_path / "data"
+    mine = _linked(out, "README.md", tmp_path)
+    assert main(["data", "export", "wordnet-attributes", "--out", str(out), "--overwrite"]) == 0
+    assert mine.read_text() == "the user's own file\n"
+    assert not (out / "README.md").is_symlink() and (out / "README.md").read_text().startswith("# wordnet-attributes")
+
+
+# ---- broken weights are refused when a folder is opened ----
+@pytest.mark.parametrize("damage", ["nan", "inf", "int8"])
+def test_broken_weights_are_refused_by_tensor_name(tmp_path, tiny_bert, damage, capsys):
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_bert, folder)
+    tensors = load_file(str(folder / "model.safetensors"))
+    name = next(k for k in tensors if k.endswith("attention.self.query.weight"))
+    if damage == "int8":
+        tensors = {k: v.to(torch.int8) for k, v in tensors.items()}
+    else:
+        tensors[name] = tensors[name].clone()
+        tensors[name][0, :3] = float(damage)
+    save_file(tensors, str(folder / "model.safetensors"))
+    (tmp_path / "t.txt").write_text("a text\n")
+    assert main(["encode", "--model", str(folder), "--input", str(tmp_path / "t.txt"),
+                 "--output", str(tmp_path / "v.npy")]) == 2
+    err = capsys.readouterr().err
+    expected = "is int8, not a floating-point weight" if damage == "int8" else "holds 3 NaN or infinite values"
+    assert expected in err and "model.safetensors: tensor '" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "v.npy").exists()
+
+
+def test_a_tokenizer_json_that_disagrees_with_vocab_txt_is_refused(tmp_path, minilm_folder):
+    """Another vocabulary of the same size in vocab.txt, or a BPE tokenizer.json: ids from one
+    would hit the other's embeddings ("fine" split f/i/n/e)."""
+    import shutil
+
+    from tokenizers import Tokenizer, models
+
+    from bertkit import BertkitError
+    from bertkit.tokenizer import WordPieceTokenizer
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    for name in ("tokenizer.json", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(Path(minilm_folder) / name, folder / name)
+    lines = (folder / "vocab.txt").read_text().split("\n")
+    lines[2000], lines[2001] = lines[2001], lines[2000]
+    (folder / "vocab.txt").write_text("\n".join(lines))
+    with pytest.raises(BertkitError, match=r"vocab.txt, line 2001: .* is id 2000 here but 2001 in tokenizer.json"):
+        WordPieceTokenizer.from_folder(folder)
+    (folder / "vocab.txt").unlink()
+    Tokenizer(models.BPE(unk_token="[UNK]")).save(str(folder / "tokenizer.json"))
+    with pytest.raises(BertkitError, match="tokenizer.json: a BPE tokenizer, not WordPiece"):
+        WordPieceTokenizer.from_folder(folder)
+
+
+# ---- ner tags without a scheme ----
+def test_ner_tags_without_prefixes_are_read_as_io_and_lower_case_prefixes_refused(capsys):
+    from bertkit import BertkitError
+    from bertkit.tasks.ner import NerTask
+    train = [{"words": ["Ann", "Lee", "met", "Bo", "in", "Rome"], "tags": ["PER", "PER", "O", "PER", "O", "LOC"],
+              "lines": [1, 2, 3, 4, 5, 6]}]
+    task = NerTask()
+    task.fit(train, {})
+    assert task.info["io"] and "read as IO" in capsys.readouterr().err
+    gold = [ex["tags"] for ex in train]
+    assert task.metrics(gold, train)["f1"] == 1.0  # entity scores count the runs: 0.0 before
+    half = [["PER", "O", "O", "PER", "O", "LOC"]]  # Ann alone: one of three entities wrong
+    assert task.metrics(half, train)["f1"] == pytest.approx(2 / 3)
+    lower = [{"words": ["Ann", "Lee"], "tags": ["b-per", "i-per"], "lines": [7, 8]}]
+    with pytest.raises(BertkitError, match=r"line 7: tag 'b-per': entity prefixes are upper case .* as in 'B-per'"):
+        NerTask().fit(lower, {})
