@@ -459,11 +459,12 @@ def main(argv: list[str] | None = None) -> int:
     except Interrupted as e:
         print(f"bertkit: {e}", file=sys.stderr)
         return e.exit_code
-    except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+    except Exception as e:  # a full disk: an OSError, or safetensors' own SafetensorError
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if not (full or (type(e).__name__ == "SafetensorError" and "No space left on device" in str(e))):
             raise
         # checkpoints and model files are written whole (atomic_write) or not at all: what was whole stays
-        where = e.filename or getattr(args, "out", None) or getattr(args, "output", None) or "a file"
+        where = getattr(e, "filename", None) or getattr(args, "out", None) or getattr(args, "output", None) or "a file"
         print(f"bertkit: error: no space left on device while writing {where}; the checkpoints and files "
               "written whole before it are kept", file=sys.stderr)
         return 2

@@ -43,6 +43,9 @@ def _where_to_create(path: Path, option: str) -> Path:
 def check_output_folder(path: str | Path, overwrite: bool = False, option: str = "--out") -> Path:
     """A folder the command may write into: new, empty, or (with overwrite) anything; writable."""
     path = Path(path)
+    if path.is_symlink() and not path.exists():  # mkdir would raise FileExistsError on the link
+        raise BertkitError(f"{option} {path}: a link to {os.readlink(path)}, which does not exist; "
+                           "remove the link or make the folder it names")
     if path.exists():
         if not path.is_dir():
             raise BertkitError(f"{option} {path}: exists and is not a folder")

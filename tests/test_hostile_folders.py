@@ -101,3 +101,46 @@ def test_ner_tags_without_prefixes_are_read_as_io_and_lower_case_prefixes_refuse
     lower = [{"words": ["Ann", "Lee"], "tags": ["b-per", "i-per"], "lines": [7, 8]}]
     with pytest.raises(BertkitError, match=r"line 7: tag 'b-per': entity prefixes are upper case .* as in 'B-per'"):
         NerTask().fit(lower, {})
+
+
+def test_an_out_that_is_a_dangling_link_is_refused_in_one_line(tmp_path, tiny_bert, capsys):
+    out = tmp_path / "out"
+    out.symlink_to(tmp_path / "nowhere")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here. Another one.\n\nA second document. It ends.\n")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "good", "label": 1}\n{"text": "bad", "label": 0}\n')
+    for argv in (["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "100", "--out", str(out)],
+                 ["data", "export", "wordnet-attributes", "--out", str(out)],
+                 ["export", "--model", str(tiny_bert), "--out", str(out)],
+                 ["pretrain", "--corpus", str(corpus), "--steps", "1", "--out", str(out), "--no-samples"],
+                 ["finetune", "classify", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+                  "--epochs", "1", "--out", str(out)]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "which does not exist; remove the link or make the folder it names" in err, (argv, err)
+        assert len(err.strip().splitlines()) == 1, err
+    assert out.is_symlink() and not (tmp_path / "nowhere").exists()
+
+
+def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_leaves_no_partial_folder(tmp_path, tiny_bert,
+                                                                                         monkeypatch, capsys):
+    """safetensors reports a full disk with its own SafetensorError, not an OSError."""
+    from safetensors import SafetensorError
+
+    import bertkit.training.checkpoints as checkpoints
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "good", "label": 1}\n{"text": "bad", "label": 0}\n')
+    real = checkpoints.torch.save
+
+    def full(obj, path, *a, **k):
+        raise SafetensorError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, "
+                              "message: \"No space left on device\" })")
+    monkeypatch.setattr(checkpoints.torch, "save", full)
+    out = tmp_path / "run"
+    assert main(["finetune", "classify", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+                 "--epochs", "1", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("bertkit: error: no space left on device while writing")
+    assert not list((out / "checkpoints").glob(".step_*.partial"))
+    monkeypatch.setattr(checkpoints.torch, "save", real)

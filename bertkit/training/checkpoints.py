@@ -34,15 +34,19 @@ def save_checkpoint(out: Path, step: int, write_model: Callable[[Path], None], t
     tmp = root / f".step_{step:07d}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    write_model(tmp)
-    torch.save(tensors, tmp / "trainer.pt")
-    # every file, in subfolders too (ELECTRA's generator/), by its path inside the checkpoint
-    written = sorted(f for f in tmp.rglob("*") if f.is_file())
-    files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in written}
-    write_json(tmp / "trainer.json", {"step": step, **state, "files": files})
-    for f in sorted(tmp.rglob("*"), reverse=True):  # files, then the folders that hold them
-        _fsync(f)
-    _fsync(tmp)
+    try:
+        write_model(tmp)
+        torch.save(tensors, tmp / "trainer.pt")
+        # every file, in subfolders too (ELECTRA's generator/), by its path inside the checkpoint
+        written = sorted(f for f in tmp.rglob("*") if f.is_file())
+        files = {f.relative_to(tmp).as_posix(): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in written}
+        write_json(tmp / "trainer.json", {"step": step, **state, "files": files})
+        for f in sorted(tmp.rglob("*"), reverse=True):  # files, then the folders that hold them
+            _fsync(f)
+        _fsync(tmp)
+    except BaseException:  # a full disk, a kill signal's exception: no half-written folder left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
