@@ -16,10 +16,11 @@ from .training.memory import keep_freed_memory
 
 def cmd_tokenizer_train(args) -> None:
     from .outputs import check_output_folder
-    from .tokenizer import WordPieceTokenizer
+    from .tokenizer import WordPieceTokenizer, check_vocab_size
 
     # a non-empty --out (a model folder's config.json, an earlier tokenizer_config.json) is never
     # written into without --overwrite; an unwritable one fails before the corpus is read
+    check_vocab_size(args.vocab_size)  # before the corpus is read
     out = check_output_folder(args.out, args.overwrite)
     from .pretraining.corpus import check_corpus_name, check_sentence_per_line, iter_documents
 

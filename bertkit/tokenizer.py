@@ -123,6 +123,15 @@ def _vocab_casing(vocab: dict[str, int] | Iterable[str], source: Path) -> bool:
     return not cased
 
 
+MAX_VOCAB_SIZE = 1 << 21  # 2,097,152 pieces: far past any corpus's; 10^9 aborted in tokenizers' allocator
+
+
+def check_vocab_size(vocab_size: int) -> None:
+    if vocab_size > MAX_VOCAB_SIZE:
+        raise BertkitError(f"--vocab-size {vocab_size}: at most {MAX_VOCAB_SIZE:,} (the largest published BERT "
+                           "vocabularies hold about 250,000 pieces)")
+
+
 def _check_agrees(tok: Tokenizer, folder: Path) -> None:
     """tokenizer.json must be a WordPiece model, and where vocab.txt lies beside it the two must
     hold the same tokens at the same ids: ids from one would hit the other's embeddings."""
@@ -251,6 +260,7 @@ class WordPieceTokenizer:
         if vocab_size < len(SPECIAL_TOKENS) + 1:
             raise BertkitError(f"--vocab-size {vocab_size} is too small: at least {len(SPECIAL_TOKENS) + 1} "
                                f"(the {len(SPECIAL_TOKENS)} special tokens and one more)")
+        check_vocab_size(vocab_size)
         if min_frequency < 0:  # tokenizers' OverflowError otherwise
             raise BertkitError(f"--min-frequency must be at least 0, got {min_frequency}")
         tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),

@@ -144,3 +144,16 @@ def test_a_full_disk_while_saving_a_checkpoint_is_one_line_and_leaves_no_partial
     assert err[-1].startswith("bertkit: error: no space left on device while writing")
     assert not list((out / "checkpoints").glob(".step_*.partial"))
     monkeypatch.setattr(checkpoints.torch, "save", real)
+
+
+def test_a_vocabulary_size_past_any_corpus_is_refused_before_reading(tmp_path, capsys):
+    """--vocab-size 1000000000 aborted in tokenizers' allocator (exit 134, a Rust backtrace)."""
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("One sentence here. Another one.\n\nA second document. It ends.\n")
+    for argv in (["tokenizer", "train", "--corpus", str(corpus), "--vocab-size", "1000000000",
+                  "--out", str(tmp_path / "t")],
+                 ["pretrain", "--corpus", str(corpus), "--vocab-size", "1000000000", "--steps", "1",
+                  "--out", str(tmp_path / "p")]):
+        assert main(argv) == 2
+        assert "--vocab-size 1000000000: at most 2,097,152" in capsys.readouterr().err
+    assert not (tmp_path / "t").exists() and not (tmp_path / "p").exists()

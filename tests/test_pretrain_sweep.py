@@ -71,7 +71,7 @@ def test_shard_tokens_below_one_is_refused(tmp_path, tokens):
         PretrainConfig(corpus="wiki", out=str(tmp_path / "o"), steps=2, shard_tokens=tokens)
 
 
-@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete", "short_tokens"])
+@pytest.mark.parametrize("damage", ["truncate", "garbage", "delete", "short_tokens", "past-vocab"])
 def test_a_damaged_shard_is_named_not_a_traceback_or_short_pairs(tmp_path, damage):
     """A shard file cut short, overwritten or gone (a full disk, a stray edit in OUT/data) raised
     numpy's ValueError or FileNotFoundError from the batch thread; a token file shorter than its
@@ -90,6 +90,10 @@ def test_a_damaged_shard_is_named_not_a_traceback_or_short_pairs(tmp_path, damag
         path.write_bytes(b"garbage")
     elif damage == "delete":
         path.unlink()
+    elif damage == "past-vocab":  # overwritten in place: a token id the vocabulary does not have
+        tokens = np.load(path)
+        tokens[5] = 0xFFFF
+        np.save(path, tokens)
     else:  # a valid .npy file, of fewer tokens than the sentences say
         np.save(path, np.load(path)[:-3])
     with pytest.raises(BertkitError, match=r"shard_00000: damaged or missing \(.+\); delete .*shards to tokenize"):

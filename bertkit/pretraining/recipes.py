@@ -194,6 +194,8 @@ class PretrainConfig(RunOptions):
                      "shard_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise BertkitError(f"{flag(name)} must be at least 1, got {getattr(self, name)}")
+        from ..tokenizer import check_vocab_size
+        check_vocab_size(self.vocab_size)
         if self.generator_layers < 0:
             raise BertkitError(f"--generator-layers must be 0 (half the model's layers) or more, got {self.generator_layers}")
         if self.holdout_every < 0 or self.holdout_every == 1:  # Python's modulo would hold out every 4th for -4

@@ -166,9 +166,10 @@ def tokenize_corpus(documents: Iterable[list[str]], tokenizer: WordPieceTokenize
     return TokenStore(folder / "train"), TokenStore(folder / "eval")
 
 
-def _shard_problem(shard: Shard) -> str | None:
+def _shard_problem(shard: Shard, vocab_size: int | None = None) -> str | None:
     """What makes a shard's three arrays disagree (a token file cut short still loads, and its
-    pairs would be silently short), or None. Reads only their ends."""
+    pairs would be silently short), or a token id past the vocabulary (a file overwritten in
+    place: an IndexError in the embeddings), or None."""
     t, s, d = shard.tokens, shard.sentences, shard.documents
     if t.ndim != 1 or s.ndim != 1 or d.ndim != 1 or len(s) < 2 or len(d) < 2:
         return "not the 1-D arrays of a shard"
@@ -176,6 +177,8 @@ def _shard_problem(shard: Shard) -> str | None:
         return f"the sentences end at token {int(s[-1])} of {len(t)}"
     if d[0] != 0 or d[-1] != len(s) - 1:
         return f"the documents end at sentence {int(d[-1])} of {len(s) - 1}"
+    if vocab_size is not None and len(t) and int(t.max()) >= vocab_size:
+        return f"token id {int(t.max())} is past the vocabulary's {vocab_size}"
     return None
 
 
@@ -203,7 +206,7 @@ class TokenStore:
             try:
                 shard = Shard(*(np.load(f"{base}.{part}.npy", mmap_mode="r")
                                 for part in ("tokens", "sentences", "documents")))
-                problem = _shard_problem(shard)
+                problem = _shard_problem(shard, self.meta.get("vocab_size"))
             except (OSError, ValueError, EOFError) as e:  # numpy's errors, from the batch thread
                 problem = str(e)
             if problem:
