@@ -483,8 +483,13 @@ class WordPieceTokenizer:
         characters: what str.strip() keeps and the tokenizer drops); None entries are skipped."""
         given = [(i, t) for i, t in enumerate(texts) if t is not None]
         self.tok.no_truncation()
-        encs = self.tok.encode_batch([t for _, t in given], add_special_tokens=False) if given else []
-        return [i for (i, t), e in zip(given, encs) if not t.strip() or not e.ids]
+        # a text has a token if its first characters do: a 50 MB line is not tokenized whole for this
+        heads = self.tok.encode_batch([t[:1000] for _, t in given], add_special_tokens=False) if given else []
+        bad = [(i, t) for (i, t), e in zip(given, heads) if not t.strip() or not e.ids]
+        longer = [(i, t) for i, t in bad if t.strip() and len(t) > 1000]  # the rest decides
+        whole = self.tok.encode_batch([t for _, t in longer], add_special_tokens=False) if longer else []
+        kept = {i for (i, _), e in zip(longer, whole) if e.ids}
+        return [i for i, _ in bad if i not in kept]
 
     def refuse_tokenless(self, texts: list[str | None], where: Callable[[int], str]) -> None:
         """An empty text, or one the tokenizer keeps nothing of, refused by name (as the server
