@@ -104,6 +104,19 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+MODEL_SUFFIXES = (".safetensors", ".onnx", ".json", ".txt")  # weights, ONNX graphs, config and vocabulary
+
+
+def folder_digest(folder: str | Path) -> str:
+    """One SHA-256 over a model folder's files that shape its outputs (its weights, ONNX graphs,
+    config and vocabulary, by name): a run resumed on other weights at the same path is told apart."""
+    h = hashlib.sha256()
+    for f in sorted(Path(folder).iterdir()):
+        if f.is_file() and f.suffix in MODEL_SUFFIXES and not f.name.startswith("."):
+            h.update(f"{f.name}\0{sha256(f)}\0".encode())
+    return h.hexdigest()
+
+
 WEIGHTS = "model.safetensors"
 WEIGHTS_INDEX = "model.safetensors.index.json"  # a sharded checkpoint, as transformers saves a large model
 

@@ -245,6 +245,7 @@ class InputScan:
     offsets: list[int]  # the byte offset of each chunk's first line
     digest: str         # sha256 of the file's bytes: a resumed run reads the same file
     name: Path          # the file as errors name it (a pipe's texts are read from a copy)
+    stamp: tuple | None = None  # (size, mtime_ns) as scanned: a chunk is read back only from that file
 
     @property
     def chunks(self) -> int:
@@ -315,13 +316,20 @@ def scan_text_inputs(path: str | Path, chunk_rows: int, name: str | Path | None 
                            "of the output is line i of the input, so remove blank lines")
     if not rows:
         raise BertkitError(f"{path}: no texts in this file")
-    return InputScan(reading, rows, bool(pairs), chunk_rows, offsets, digest.hexdigest(), path)
+    st = reading.stat()
+    return InputScan(reading, rows, bool(pairs), chunk_rows, offsets, digest.hexdigest(), path,
+                     (st.st_size, st.st_mtime_ns))
 
 
 def read_chunk(scan: InputScan, chunk: int) -> TextInputs:
     """The texts of one chunk of a scanned input (checked by the scan)."""
     first, n = chunk * scan.chunk_rows, scan.chunk_size(chunk)
     texts, pairs = [], []
+    st = scan.path.stat()
+    if scan.stamp is not None and (st.st_size, st.st_mtime_ns) != scan.stamp:  # edited: rows would mix
+        raise BertkitError(f"{scan.name}: the file changed while it was being encoded (its size or time are no "
+                           "longer those it was read with); the chunks written before are kept: put the file "
+                           "back and --resume, or --overwrite to start over")
     with open_binary(scan.path) as f:
         f.seek(scan.offsets[chunk])
         for lineno, _, _, line in _decoded_lines(scan.name, f, first + 1, scan.offsets[chunk]):

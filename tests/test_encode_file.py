@@ -307,3 +307,43 @@ def test_each_chunk_is_tokenized_once_and_a_tokenless_text_or_pair_is_named_by_l
                             for i, t in enumerate(lines[:200])))
     assert _encode(tiny_bert, rows, tmp_path / "p.npy") == 2
     assert "pairs.jsonl, line 151 (text_pair): no tokens in '\\u200b'" in capsys.readouterr().err
+
+
+def test_a_resume_on_changed_weights_or_an_input_edited_mid_run_is_refused(tmp_path, tiny_bert, sentences,
+                                                                            monkeypatch, capsys):
+    """encode --resume after the model's weights changed at the same path mixed rows of two models;
+    an input edited while it was encoded mixed lines. Both are refused by name, the chunks kept."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    import bertkit.inference.encode_file as ef
+    model = tmp_path / "model"
+    shutil.copytree(tiny_bert, model)
+    out = tmp_path / "v.npy"
+    monkeypatch.setattr(ef.os, "fdatasync", lambda fd: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert _encode(model, sentences, out) == 130
+    monkeypatch.undo()
+    tensors = load_file(str(model / "model.safetensors"))
+    name = next(k for k in tensors if "layer.1." in k and k.endswith("output.dense.weight"))
+    tensors[name] = tensors[name] * 0.5
+    save_file(tensors, str(model / "model.safetensors"))
+    capsys.readouterr()
+    assert _encode(model, sentences, out, "--resume") == 2
+    assert "is not the one" in capsys.readouterr().err and ef.partial_folder(out).exists()
+    # an input edited between its scan and the reading of a chunk
+    texts = tmp_path / "texts.txt"
+    shutil.copy(sentences, texts)
+    real = ef.read_chunk
+    calls = []
+
+    def edit_then_read(scan, chunk):
+        if not calls:
+            with texts.open("a") as f:
+                f.write("a line appended while encoding\n")
+        calls.append(chunk)
+        return real(scan, chunk)
+    monkeypatch.setattr(ef, "read_chunk", edit_then_read)
+    assert _encode(model, texts, tmp_path / "w.npy") == 2
+    assert "the file changed while it was being encoded" in capsys.readouterr().err
+    assert not (tmp_path / "w.npy").exists()

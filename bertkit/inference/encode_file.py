@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import BertkitError, Interrupted, check_int
+from ..files import folder_digest
 from ..inputs import InputScan, read_chunk, scan_text_inputs
 from .encode import CHUNK_TEXTS, POOLINGS
 
@@ -165,7 +166,7 @@ def prepare(input: str | Path, output: Path, options: EncodeOptions, hidden: int
             raise BertkitError(f"--resume: {input} is not a regular file; a resumed run must read the file it began with")
         scan = _spooled(Path(input), folder, chunk_rows)
     run = {"input": str(Path(input).resolve()), "sha256": scan.digest, "rows": scan.rows, "hidden": hidden,
-           "chunk_rows": chunk_rows, "options": asdict(options)}
+           "chunk_rows": chunk_rows, "options": asdict(options), "model_sha256": folder_digest(options.model)}
     resumed = resume and record.is_file()
     if resumed:
         _check_same_run(folder, json.loads(record.read_text()), run)
@@ -219,6 +220,9 @@ def _check_same_run(folder: Path, before: dict, now: dict) -> None:
     if before.get("chunk_rows") != now["chunk_rows"]:
         raise BertkitError(f"--resume: {folder} was begun with --chunk-texts {before.get('chunk_rows')}, this run "
                            f"asks for --chunk-texts {now['chunk_rows']}: {start_over}")
+    if before.get("model_sha256", now["model_sha256"]) != now["model_sha256"]:
+        raise BertkitError(f"--resume: the model at {now['options']['model']} is not the one {folder} was begun "
+                           f"with (its weights, config or vocabulary differ): {start_over}")
     if before.get("hidden") != now["hidden"]:
         raise BertkitError(f"--resume: {folder} was begun with another model shape: {start_over}")
 
