@@ -502,6 +502,14 @@ def test_resume_refuses_a_training_file_whose_labels_changed(tmp_path, tiny_bert
     monkeypatch.setattr(ft, "finetune", real)
     added = "".join(rows) + '{"text": "Meh.", "label": "meh"}\n'
     rename = lambda text: text.replace('"rotten"', '"bad"')  # noqa: E731
+    (small / "train.jsonl").write_text(added)
+    assert main(_args(tiny_bert, small, out, "--epochs", "1", "--resume")) == 2
+    assert "content of --train: changed since the run began" in capsys.readouterr().err  # the file's bytes
+    # a checkpoint that records no digests (an earlier version's): the labels still tell
+    state_file = out / "checkpoints" / "step_0000002" / "trainer.json"
+    state = json.loads(state_file.read_text())
+    state["options"] = {k: v for k, v in state["options"].items() if not k.startswith("content of ")}
+    state_file.write_text(json.dumps(state))
     for train, eval, message in ((added, dev, "(new: meh; gone: none)"),
                                  (rename("".join(rows)), rename(dev), "(new: bad; gone: rotten)")):
         (small / "train.jsonl").write_text(train)

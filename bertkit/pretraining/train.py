@@ -374,6 +374,9 @@ def _prepare(cfg: PretrainConfig, run: Run, ckpt: Path | None) -> tuple[WordPiec
                 + (f", e.g. {'; '.join(documents.removed.examples)}" if documents.removed.count else ""))
         if ckpt is None:
             write_json(data / "prepared.json", data_record(cfg))
+        elif _prepared_from_other_text(cfg, data):
+            log(f"{cfg.corpus} changed since {data} was prepared: the run continues on the data prepared then "
+                "(a new --out prepares it anew)")
     procs.barrier(long=True)  # the other ranks open what rank 0 prepared
     if not procs.main:
         tok = WordPieceTokenizer.from_folder(data)
@@ -382,6 +385,15 @@ def _prepare(cfg: PretrainConfig, run: Run, ckpt: Path | None) -> tuple[WordPiec
         raise BertkitError(f"{cfg.corpus}: next sentence prediction needs at least two documents for training, "
                            f"found {train_store.meta['documents']} (separate documents with a blank line)")
     return tok, train_store, eval_store
+
+
+def _prepared_from_other_text(cfg: PretrainConfig, data: Path) -> bool:
+    """Whether the corpus files' sizes or times differ from those recorded when the data was prepared."""
+    try:
+        before = json.loads((data / "prepared.json").read_text(encoding="utf-8")).get("corpus_files")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return before is not None and before != data_record(cfg)["corpus_files"]
 
 
 def _resume(cfg: PretrainConfig, run: Run, ckpt: Path, model, opt) -> dict:

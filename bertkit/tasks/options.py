@@ -4,6 +4,7 @@ import torch (the CLI builds its parser from it)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from ..errors import BertkitError
 from ..training.options import REQUIRED, RunOptions, exact_names, option
@@ -35,6 +36,16 @@ class FinetuneConfig(RunOptions):
     overwrite: bool = option(False, "write into --out even when it is not empty (its files may be replaced)")
 
     TOML_TABLE = "finetune"
+
+    def digests(self) -> dict:
+        """The training and evaluation files' bytes and the model folder's: a resume on edited data
+        (the same path, other rows) or other weights is refused by name."""
+        if not hasattr(self, "_digests"):  # once: a run asks at its start and when its Loop is built
+            from ..files import folder_digest, sha256
+            self._digests = {"content of --train": sha256(Path(self.train)),
+                             "content of --eval": sha256(Path(self.eval)),
+                             "content of --model": folder_digest(self.model)}
+        return self._digests
 
     def __post_init__(self):
         from ..folders import pretraining_origin  # (torch: the CLI builds its parser from this module without it)

@@ -100,7 +100,8 @@ class Job:
 
 def changed_options(saved: dict, now: dict, where: str) -> list[str]:
     """The options a run was started with that differ now, each as 'name: then WHERE vs now now'."""
-    return [f"{k}: {v!r} {where} vs {now.get(k)!r} now" for k, v in saved.items() if v != now.get(k)]
+    return [f"{k}: changed since the run began" if k.startswith("content of ") else f"{k}: {v!r} {where} vs "
+            f"{now.get(k)!r} now" for k, v in saved.items() if v != now.get(k)]
 
 
 def seed_rank(procs: Processes, seed: int, state: dict | None, log) -> None:

@@ -103,6 +103,11 @@ class RunOptions:
         if self.precision not in TRAINING_PRECISIONS:
             raise BertkitError(f"--precision must be one of {', '.join(TRAINING_PRECISIONS)}, got {self.precision!r}")
 
+    def digests(self) -> dict:
+        """The content of the inputs the run depends on (a job's files and model folder), which a
+        resume must find unchanged, as {name: digest}; none by default."""
+        return {}
+
     def check_types(self) -> None:
         """A TOML or JSON value of the wrong type is an error naming the option, not a crash later."""
         kinds = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}

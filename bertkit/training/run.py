@@ -28,8 +28,9 @@ def run_log(enabled: bool):
 
 
 def exact_options(cfg) -> dict:
-    """The options of a config that a resume must not change (its class's EXACT)."""
-    return {k: getattr(cfg, k) for k in type(cfg).EXACT}
+    """The options of a config that a resume must not change (its class's EXACT), and the digests
+    of the inputs it must find unchanged."""
+    return {**{k: getattr(cfg, k) for k in type(cfg).EXACT}, **cfg.digests()}
 
 
 def refuse_changed(saved: dict, cfg, where: str, subject) -> None:
