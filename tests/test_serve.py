@@ -777,3 +777,34 @@ def test_predict_refuses_pairs_for_a_single_text_classifier_and_the_reverse(clas
             r = c.post("/predict", json={"inputs": [good, bad, bad]})
             assert r.status_code == 422 and f"inputs[1]: {words}; 2 such input(s)" in r.json()["error"], r.text
             assert c.get("/health").status_code == 200
+
+
+def test_an_over_limit_body_is_read_to_its_end_before_the_413():
+    """Answered before its body was read, the 413 could reach a client still sending as a reset.
+    The body is read (up to DRAIN_BYTES) first; past that the answer says the connection closes."""
+    import asyncio
+
+    from bertkit.inference.serve.middleware import DRAIN_BYTES, BodyLimit
+
+    async def never_called(scope, receive, send):
+        raise AssertionError("the app ran")
+
+    def run(declared: int, chunks: int):
+        events = []
+
+        async def receive():
+            events.append("read")
+            left = chunks - events.count("read")
+            return {"type": "http.request", "body": b"x" * 1000, "more_body": left > 0}
+
+        async def send(message):
+            events.append(message)
+        scope = {"type": "http", "headers": [(b"content-length", str(declared).encode())]}
+        asyncio.run(BodyLimit(never_called, max_bytes=100)(scope, receive, send))
+        return events
+    events = run(5 * 1000, 5)
+    start = next(i for i, e in enumerate(events) if isinstance(e, dict))
+    assert events[:start] == ["read"] * 5 and events[start]["status"] == 413  # all read, then answered
+    assert (b"connection", b"close") not in events[start]["headers"]
+    events = run(DRAIN_BYTES + 1, 1)  # too large to read: answered at once, the connection closed
+    assert events[0]["status"] == 413 and (b"connection", b"close") in events[0]["headers"]

@@ -6,6 +6,8 @@ import json
 import time
 from typing import Callable
 
+DRAIN_BYTES = 64 << 20  # an over-limit body is read to its end up to this size before the 413
+
 
 class Measure:
     """Every answer counted by endpoint and status, with its latency."""
@@ -41,7 +43,10 @@ class BodyLimit:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            return await self._refuse(send, declared.decode("latin-1"))
+            # the body is read (up to a bound) before the 413: a server that answers and closes while
+            # the client still sends can reach it as a reset, the answer never read
+            drained = declared.isdigit() and int(declared) <= DRAIN_BYTES and await self._drain(receive)
+            return await self._refuse(send, declared.decode("latin-1"), close=not drained)
         encoding = headers.get(b"content-encoding", b"identity").strip().lower()
         if encoding not in (b"identity", b""):  # a gzip body would be read as bytes that are not JSON
             return await self._answer(send, 415, f"Content-Encoding {encoding.decode('latin-1')!r} is not accepted: "
@@ -76,15 +81,29 @@ class BodyLimit:
             if not started:
                 await self._refuse(send, f"more than {self.max_bytes}")
 
-    async def _refuse(self, send, size: str):
+    @staticmethod
+    async def _drain(receive) -> bool:
+        """Read the request's body to its end (at most DRAIN_BYTES); whether it was read whole."""
+        seen = 0
+        while seen <= DRAIN_BYTES:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left
+                return False
+            seen += len(message.get("body", b""))
+            if not message.get("more_body", False):
+                return True
+        return False
+
+    async def _refuse(self, send, size: str, close: bool = False):
         await self._answer(send, 413, f"request body of {size} bytes is over the limit of {self.max_bytes} bytes "
-                                      "(--max-body-bytes)")
+                                      "(--max-body-bytes)", close)
 
     @staticmethod
-    async def _answer(send, status: int, error: str):
+    async def _answer(send, status: int, error: str, close: bool = False):
         body = json.dumps({"error": error}).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    "headers": headers + ([(b"connection", b"close")] if close else [])})
         await send({"type": "http.response.body", "body": body})
 
 
