@@ -233,6 +233,9 @@ class _FinetuneJob(Job):
 def _open_out(cfg: FinetuneConfig, run: Run) -> Path | None:
     """The checkpoint to resume from, or None for a new run; refuses what would lose work."""
     out = run.out
+    if out.resolve() == Path(cfg.model).resolve():  # --overwrite would replace the base model in place
+        raise BertkitError(f"--out {out} is the --model folder: the fine-tuned model would replace the model it "
+                           "starts from; choose another --out")
     if not cfg.resume:
         if has_checkpoint(out) and not cfg.overwrite:
             if (out / "pretrain_config.json").is_file():
@@ -314,6 +317,10 @@ def _prepare(cfg: FinetuneConfig, run: Run, task: Task, user_options: dict, trai
     model.to(procs.device)
     precision = training_precision(procs.device, cfg.precision)
     train_feats = task.features(train_ex, tok, cfg.max_len)
+    if not any(task.loss_units(f) for f in train_feats):  # every step would be a zero gradient
+        raise BertkitError(f"{cfg.train}: none of its {len(train_ex)} examples gives the model a target it can "
+                           "learn (the word task: every target word is several vocabulary tokens)"
+                           if cfg.task == "word" else f"{cfg.train}: none of its examples has a target to learn")
     eval_feats = task.features(eval_ex, tok, cfg.max_len)
     run.log(f"{cfg.task}: {len(train_ex)} training examples ({len(train_feats)} features), {len(eval_ex)} for "
             f"evaluation; training in {precision}{' (bf16 autocast)' if precision == 'bf16' else ''}, evaluation "

@@ -166,3 +166,34 @@ def test_tokenless_reads_a_long_text_by_its_head(minilm_folder):
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     late = "\u200b" * 5000 + " word"  # no token in its head, one at its end
     assert tok.tokenless(["", " \u200b ", "word " * 1_000_000, late, "\u200b" * 5000, None]) == [0, 1, 4]
+
+
+def test_finetune_refuses_its_model_folder_as_out_and_data_with_nothing_to_learn(tmp_path, tiny_bert, capsys):
+    import shutil
+    model = tmp_path / "m"
+    shutil.copytree(tiny_bert, model)
+    before = (model / "model.safetensors").read_bytes()
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"text": "good", "label": 1}\n{"text": "bad", "label": 0}\n')
+    assert main(["finetune", "classify", "--model", str(model), "--train", str(data), "--eval", str(data),
+                 "--epochs", "1", "--out", str(model), "--overwrite"]) == 2
+    assert "is the --model folder" in capsys.readouterr().err
+    assert (model / "model.safetensors").read_bytes() == before
+    words = tmp_path / "words.csv"  # every target several tokens: nothing the word task can learn
+    words.write_text("text,word\nvery large,bigness\nquite small,smallishness\n")
+    assert main(["finetune", "word", "--model", str(tiny_bert), "--train", str(words), "--eval", str(words),
+                 "--epochs", "1", "--out", str(tmp_path / "w")]) == 2
+    assert "none of its 2 examples gives the model a target it can learn" in capsys.readouterr().err
+
+
+def test_duplicate_labels_in_bertkit_json_are_refused(tmp_path, tiny_bert):
+    import json
+    import shutil
+
+    from bertkit import BertkitError
+    from bertkit.tasks.folder import load_task_model
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_bert, folder)
+    (folder / "bertkit.json").write_text(json.dumps({"task": "classify", "labels": ["pos", "neg", "pos"]}))
+    with pytest.raises(BertkitError, match="bertkit.json: label 'pos' occurs twice in 'labels'"):
+        load_task_model(folder)

@@ -74,7 +74,7 @@ def test_reads_v2_unanswerable(tmp_path):
      ["question q9", "missing key 'question'"]),
     ([{"id": "q10", "question": "Who?", "answers": [{"text": "cat"}]}], "The cat sat on the mat.",
      ["question q10", "missing key 'answer_start'"]),
-    ([{"question": "Who?", "answers": []}], "The cat sat on the mat.", ["paragraph 0, question 0", "missing key 'id'"]),
+    ([{"question": "Who?", "answers": []}], "The cat sat on the mat.", ["paragraph 1, question 1", "missing key 'id'"]),
     ([{"id": "q11", "question": "Who?", "answers": []}], "The cat sat on the mat.", ["q11", "is_impossible"]),
     ([{"id": "q12", "question": "Who?", "answers": [{"text": "cat", "answer_start": 4}], "is_impossible": True}],
      "The cat sat on the mat.", ["q12", "is_impossible"]),
@@ -95,7 +95,7 @@ def test_read_errors_missing_context_not_json_no_file(tmp_path):
     doc = squad([])
     del doc["data"][0]["paragraphs"][0]["context"]
     path = write(tmp_path, doc)
-    with pytest.raises(BertkitError, match=r"qa\.json: article 0 \('Cats'\), paragraph 0: missing key 'context'"):
+    with pytest.raises(BertkitError, match=r"qa\.json: article 1 \('Cats'\), paragraph 1: missing key 'context'"):
         read_squad(path)
     path = write(tmp_path, '{"data": [', "broken.json")
     with pytest.raises(BertkitError, match=r"broken\.json: not valid JSON"):

@@ -69,6 +69,9 @@ def load_task_model(folder: str | Path, task_name: str | None = None, device=Non
                                    and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in labels)):
         raise BertkitError(f"{info_path}: 'labels' must be a list of strings or integers (two or more to classify), "
                            f"found {json.dumps(labels)[:80]}")
+    if labels is not None and len({str(x) for x in labels}) != len(labels):  # their scores would collapse into one
+        twice = next(x for i, x in enumerate(labels) if str(x) in {str(y) for y in labels[:i]})
+        raise BertkitError(f"{info_path}: label {twice!r} occurs twice in 'labels'; each label must be one output")
     task = get_task(name)(info)
     # the task options it records, checked as `--option` checks them: a hand-edited "k": 0 summarized
     # every document as nothing, "n_best": "5" ended in a ValueError deep in decoding

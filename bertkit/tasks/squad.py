@@ -57,12 +57,13 @@ def read_squad(path: str | Path) -> list[QAExample]:
 
     examples: list[QAExample] = []
     seen: set[str] = set()
-    for i, article in enumerate(get(doc, "data", "top level", list)):
+    # numbered from 1, as every other error names lines and texts
+    for i, article in enumerate(get(doc, "data", "top level", list), 1):
         title = get(article, "title", f"article {i}", str)
-        for j, para in enumerate(get(article, "paragraphs", f"article {i} ({title!r})", list)):
+        for j, para in enumerate(get(article, "paragraphs", f"article {i} ({title!r})", list), 1):
             where = f"article {i} ({title!r}), paragraph {j}"
             context = get(para, "context", where, str)
-            for k, qa in enumerate(get(para, "qas", where, list)):
+            for k, qa in enumerate(get(para, "qas", where, list), 1):
                 qid = get(qa, "id", f"{where}, question {k}", str)
                 if qid in seen:  # predictions are keyed by id: a duplicate would overwrite one silently
                     raise BertkitError(f"{path}: question {qid}: the id occurs twice")
