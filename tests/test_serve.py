@@ -808,3 +808,29 @@ def test_an_over_limit_body_is_read_to_its_end_before_the_413():
     assert (b"connection", b"close") not in events[start]["headers"]
     events = run(DRAIN_BYTES + 1, 1)  # too large to read: answered at once, the connection closed
     assert events[0]["status"] == 413 and (b"connection", b"close") in events[0]["headers"]
+
+
+def test_a_body_that_stops_arriving_is_answered_408(monkeypatch):
+    """A client that sends part of a body and then nothing (slowloris) gets 408 after
+    BODY_READ_TIMEOUT_S, the connection closed, instead of holding its request open."""
+    import asyncio
+
+    import bertkit.inference.serve.middleware as mw
+    monkeypatch.setattr(mw, "BODY_READ_TIMEOUT_S", 0.05)
+    sent, reads = [], []
+
+    async def app(scope, receive, send):  # reads its body as an endpoint does
+        while (await receive()).get("more_body"):
+            pass
+
+    async def receive():
+        reads.append(1)
+        if len(reads) == 1:
+            return {"type": "http.request", "body": b"{", "more_body": True}
+        await asyncio.sleep(3600)  # the client sends no more
+
+    async def send(message):
+        sent.append(message)
+    scope = {"type": "http", "headers": [(b"content-length", b"50")]}
+    asyncio.run(mw.BodyLimit(app, max_bytes=100)(scope, receive, send))
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"]

@@ -88,6 +88,7 @@ def serve(cfg: ServeConfig) -> None:
         app = create_app(cfg)
         print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
               f"(API docs: /docs, /openapi.json)", flush=True)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
+        # an idle keep-alive connection is closed after 5 s (uvicorn's default, named here)
+        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5)).run(sockets=[sock])
     finally:
         sock.close()

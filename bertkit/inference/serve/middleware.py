@@ -2,10 +2,12 @@
 through Starlette's BaseHTTPMiddleware an endpoint does not see its client leave."""
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Callable
 
+BODY_READ_TIMEOUT_S = 30  # the longest wait for the next part of a request body
 DRAIN_BYTES = 64 << 20  # an over-limit body is read to its end up to this size before the 413
 
 
@@ -55,7 +57,10 @@ class BodyLimit:
 
         async def limited_receive():
             nonlocal seen, exceeded
-            message = await receive()
+            try:  # a client that stops sending (slowloris) does not hold its request open
+                message = await asyncio.wait_for(receive(), BODY_READ_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                raise SlowBody() from None
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
@@ -80,13 +85,20 @@ class BodyLimit:
         except TooLarge:
             if not started:
                 await self._refuse(send, f"more than {self.max_bytes}")
+        except SlowBody:
+            if not started:
+                await self._answer(send, 408, f"the request body did not arrive: nothing for {BODY_READ_TIMEOUT_S} s",
+                                   close=True)
 
     @staticmethod
     async def _drain(receive) -> bool:
         """Read the request's body to its end (at most DRAIN_BYTES); whether it was read whole."""
         seen = 0
         while seen <= DRAIN_BYTES:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), BODY_READ_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return False
             if message["type"] != "http.request":  # the client left
                 return False
             seen += len(message.get("body", b""))
@@ -108,4 +120,8 @@ class BodyLimit:
 
 
 class TooLarge(Exception):
+    pass
+
+
+class SlowBody(Exception):
     pass
