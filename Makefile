@@ -97,7 +97,7 @@ bench-pretrain-value: $(VENV)/.test
 M2V := .venv-model2vec
 $(M2V)/.done:
 	test -x $(M2V)/bin/python || $(PYTHON) -m venv $(M2V)
-	$(M2V)/bin/python -m pip install --disable-pip-version-check -q torch==2.13.0 "model2vec[distill]==0.10.0"
+	$(M2V)/bin/python -m pip install --disable-pip-version-check -q torch==2.13.0 "model2vec[distill]==0.10.0" scikit-learn==1.9.1
 	touch $@
 
 bench-distill: $(VENV)/.test $(M2V)/.done
