@@ -18,6 +18,6 @@ model, out, files = sys.argv[1], Path(sys.argv[2]), sys.argv[3:]
 m2v = distill(model_name=model, pca_dims=PCA_DIMS)
 out.mkdir(parents=True, exist_ok=True)
 for f in files:
-    texts = [json.loads(line)["text"] for line in Path(f).read_text().splitlines() if line.strip()]
+    texts = [json.loads(line)["text"] for line in Path(f).read_text().split("\n") if line.strip()]  # not splitlines: U+2028 in a text
     np.save(out / (Path(f).parent.name + "-" + Path(f).stem + ".npy"), m2v.encode(texts))
 print(json.dumps({"pca_dims": PCA_DIMS, "files": files}))
