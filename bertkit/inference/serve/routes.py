@@ -201,7 +201,8 @@ async def attention(body: AttentionRequest, request: Request, served: ServedDep,
                               "heads": served.config.num_attention_heads, **result})
 
 
-@router.api_route("/health", methods=["GET", "HEAD"])  # HEAD: load balancers' probes
+@router.get("/health")
+@router.head("/health", include_in_schema=False)  # load balancers' probes
 async def health():
     return {"status": "ok"}
 
