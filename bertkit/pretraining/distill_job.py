@@ -206,7 +206,6 @@ class DistillJob(Job):
         self._open()
         return state
 
-
     # ---- the run's end ----
     @property
     def title(self) -> str:
