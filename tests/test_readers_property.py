@@ -461,7 +461,14 @@ def test_valid_file_with_control_characters_or_long_lines_inside(tmp_path_factor
     if err is None:  # read whole: the records that end two lines or more before the splice are the valid file's
         cutoff = len("\n".join(lines[:max(0, at - 1)]))
         expected = valid.finish([r for r, end in zip(valid.records, valid.ends) if end < cutoff])
-        assert (VALID[name][1] or (lambda r: r))(got)[:len(expected)] == expected
+        got = (VALID[name][1] or (lambda r: r))(got)[:len(expected)]
+        # a spliced row whose label is not an integer keeps the whole table's labels strings
+        assert _labels_as_text(got) == _labels_as_text(expected)
+
+
+def _labels_as_text(records: list) -> list:
+    return [{**r, "label": str(r["label"])} if isinstance(r, dict) and "label" in r else r
+            for r in records]
 
 
 @pytest.mark.parametrize("name", list(READERS))
