@@ -114,7 +114,7 @@ def test_a_rank_that_dies_stops_the_job_and_the_checkpoint_stays_loadable(tmp_pa
     ckpt = latest_checkpoint(out)
     assert ckpt is not None and checkpoint_problem(ckpt) is None
     assert json.loads((ckpt / "trainer.json").read_text())["step"] == 2
-    cmd, _ = _torchrun(tmp_path, 1, _options(wiki_excerpt, vocab, out, 4, resume=True))
+    cmd, _ = _torchrun(tmp_path, 1, _options(wiki_excerpt, vocab, out, 4, resume=True, extend=True))
     run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert _steps(out)[-1] == 4

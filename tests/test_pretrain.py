@@ -195,7 +195,10 @@ def test_cli_pretrain_with_a_toml_config_then_fill_mask(tmp_path, wiki_excerpt, 
     # --resume alone picks up the run's own options (here: 2 more steps)
     assert main(["pretrain", "--out", str(out), "--resume", "--vocab-size", "400", "--steps", "4"]) == 2
     assert "--vocab-size 400: the run in" in capsys.readouterr().err  # its vocabulary is trained already
-    assert main(["pretrain", "--out", str(out), "--resume", "--vocab-size", "500", "--steps", "4", "--no-samples"]) == 0
+    assert main(["pretrain", "--out", str(out), "--resume", "--steps", "4", "--no-samples"]) == 2
+    assert "--steps 4: the run in" in capsys.readouterr().err  # a new length is asked for by --extend
+    assert main(["pretrain", "--out", str(out), "--resume", "--vocab-size", "500", "--steps", "4", "--extend",
+                 "--no-samples"]) == 0
     assert "pretrained 4 steps" in capsys.readouterr().out
     toml.write_text("stepz = 3\n")
     assert main(["pretrain", "--config", str(toml), "--out", str(tmp_path / "x")]) == 2
@@ -552,7 +555,7 @@ def test_a_signal_saves_a_checkpoint_and_exits_with_one_line(tmp_path, wiki_exce
     step = int(last[0].split("at step ")[1].split(";")[0])
     from bertkit.training.checkpoints import latest_checkpoint
     assert latest_checkpoint(out).name == f"step_{step:07d}"
-    assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, out, step + 2), "--resume"]) == 0
+    assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, out, step + 2), "--resume", "--extend"]) == 0
 
 
 def test_a_run_stopped_before_its_first_checkpoint_starts_again(tmp_path, wiki_excerpt, vocab, capsys):
@@ -831,15 +834,22 @@ def test_held_out_mlm_loss_at_mask_positions_is_reported_apart(tiny_bert_factory
     assert result["eval_mlm_loss"] == pytest.approx(float(everywhere), rel=1e-5)
 
 
-def test_a_resumption_with_more_steps_says_the_schedule_changes(tmp_path, wiki_excerpt, vocab, capfd):
-    """--steps and --budget may change on --resume (a run extended), but the lr then follows
-    another schedule than the one the run started on: said, not done silently."""
+def test_a_resumption_with_another_length_is_refused_unless_extended(tmp_path, wiki_excerpt, vocab, capfd):
+    """--steps and --budget change on --resume only with --extend: the lr then follows another
+    schedule than the one the run started on, and the log says so."""
     out = tmp_path / "r"
     with pytest.raises(Stop):
         pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=6), on_step=stop_at(3))
+    before = sorted(p.name for p in (out / "checkpoints").iterdir())
+    for length in ({"steps": 8}, {"budget": "20s", "steps": None}):
+        with pytest.raises(BertkitError, match=r"the run in .* was begun with --steps 6.*give --extend"):
+            pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), resume=True, **{"steps": None, **length}))
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == before
+    with pytest.raises(BertkitError, match="give it with --resume"):
+        _cfg(wiki_excerpt, tmp_path / "new", vocab=str(vocab), steps=8, extend=True)
     capfd.readouterr()
-    pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=8, resume=True, progress=True))
-    assert "the schedule changes on resumption: steps 6 before, steps 8 now" in capfd.readouterr().err
+    pretrain(_cfg(wiki_excerpt, out, vocab=str(vocab), steps=8, resume=True, extend=True, progress=True))
+    assert "the schedule changes on resumption: --steps 6 before, --steps 8 now" in capfd.readouterr().err
     pretrain(_cfg(wiki_excerpt, tmp_path / "same", vocab=str(vocab), steps=4, save_every=2), on_step=None)
     capfd.readouterr()
     pretrain(_cfg(wiki_excerpt, tmp_path / "same", vocab=str(vocab), steps=4, resume=True, progress=True))

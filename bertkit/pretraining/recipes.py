@@ -98,6 +98,8 @@ class PretrainConfig(RunOptions):
                                                   "they were", exact=True)
     generator_layers: int = option(0, "electra: the generator's layers (default: half the model's)", exact=True)
     steps: int | None = option(None, "optimizer steps instead of a budget")
+    extend: bool = option(False, "with --resume: continue the run under a new --steps or --budget (its learning "
+                                 "rate then follows the new schedule from where it is)")
     batch_size: int | None = option(None, "sentence pairs per step (recipe: 64, textbook 512)", exact=True)
     max_len: int | None = option(None, "tokens per pair (default 64)", exact=True)
     # a first phase on shorter pairs, as BERT trained 90% of its steps at 128 tokens before 512:
@@ -142,7 +144,8 @@ class PretrainConfig(RunOptions):
                 raise BertkitError(f"--vocab-size {given['vocab_size']}: the run in {given['out']} trained its "
                                    f"vocabulary with {base.get('vocab_size')}, which a resumed run keeps")
             # the run's length as given now: a saved --steps gives way to a --budget given, and the reverse
-            dropped = {"progress", *(("steps", "budget") if given.get("steps") or given.get("budget") else ())}
+            dropped = {"progress", "extend",
+                       *(("steps", "budget") if given.get("steps") or given.get("budget") else ())}
             given = {**{k: v for k, v in base.items() if k not in dropped}, **given}
         if config:
             return cls.from_toml(config, command, **given)
@@ -167,6 +170,8 @@ class PretrainConfig(RunOptions):
         recipe = RECIPES[self.recipe]
         if self.steps is not None and self.budget is not None:
             raise BertkitError("give --steps or --budget, not both")
+        if self.extend and not self.resume:
+            raise BertkitError("--extend continues a resumed run under a new length; give it with --resume")
         if self.steps is None:
             self.budget = parse_duration(self.budget if self.budget is not None else recipe["budget"])
         for name in ("batch_size", "max_len", "warmup", "mask_prob", "dropout", "nsp_weight"):

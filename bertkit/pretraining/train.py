@@ -136,6 +136,7 @@ def check_resumable(ckpt: Path, cfg: PretrainConfig, model: BertForPreTraining) 
         raise BertkitError(f"{ckpt} was written by a different model configuration ({'; '.join(diff)}); "
                            "resume with the options of that run or choose another --out")
     refuse_changed(state["options"], cfg, "in the checkpoint", ckpt)
+    check_length(state, cfg, ckpt)
     return state
 
 
@@ -403,13 +404,25 @@ def _resume(cfg: PretrainConfig, run: Run, ckpt: Path, model, opt) -> dict:
     run.log(f"resuming {run.out} at step {state['step']} (phase {state.get('phase', 1)}, epoch {state['epoch']}, "
             f"batch {state['batch']}" + (f", {state['elapsed_s']:.0f} s of the {cfg.budget:.0f} s budget spent)"
                                          if cfg.budget else ")"))
-    # a longer (or shorter) run is allowed, but its learning rate schedule is no longer the one it ran on
-    before = ("budget", state["budget"]) if state.get("budget") else ("steps", state.get("steps"))
-    now_is = ("budget", cfg.budget) if cfg.budget else ("steps", cfg.steps)
-    if "schedule_end" in state and before != now_is:
-        run.log(f"the schedule changes on resumption: {before[0]} {before[1]:g} before, {now_is[0]} {now_is[1]:g} "
-                "now; the learning rate follows the new one from here")
+    if "schedule_end" in state and _length(state) != _length(cfg):
+        run.log(f"the schedule changes on resumption: {_length(state)} before, {_length(cfg)} now; the learning "
+                "rate follows the new one from here")
     return state
+
+
+def _length(run) -> str:
+    """A run's length as its flag: '--steps 40' or '--budget 600s' (a trainer.json or a config)."""
+    get = run.get if isinstance(run, dict) else lambda k: getattr(run, k)
+    return f"--budget {get('budget'):g}s" if get("budget") else f"--steps {get('steps')}"
+
+
+def check_length(state: dict, cfg: PretrainConfig, ckpt: Path) -> None:
+    """A resumed run keeps its length (the learning rate schedule and the phase switch follow it)
+    unless --extend says that a new one is meant."""
+    if "schedule_end" in state and _length(state) != _length(cfg) and not cfg.extend:
+        raise BertkitError(f"{_length(cfg)}: the run in {ckpt.parent.parent} was begun with {_length(state)}, and a "
+                           "resumed run keeps its schedule; give --extend as well to continue it under the new "
+                           "length, or leave the length out")
 
 
 def pretrain(cfg: PretrainConfig, on_step=None, timer=time.perf_counter) -> dict | None:
