@@ -22,6 +22,7 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
 
 from bertkit.inference.serve import ServeConfig, create_app  # noqa: E402
+from bertkit.inference.serve.app import uvicorn_config  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -709,7 +710,7 @@ def test_abandoned_requests_are_dropped_and_a_full_queue_answers_503(tiny_bert):
         return original(key, items)
     served.run_encode = held
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, host="127.0.0.1", port=port))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     body = json.dumps({"texts": ["a review that nobody will read"]}).encode()
@@ -761,6 +762,69 @@ def test_abandoned_requests_are_dropped_and_a_full_queue_answers_503(tiny_bert):
             s.close()
     finally:
         release.set()
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def _answer(s: socket.socket) -> tuple[int, dict, float]:
+    """What a raw socket reads until the server closes it: the status, the JSON body, the wait."""
+    start, data = time.monotonic(), b""
+    while chunk := s.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower() and b"connection: close" in head.lower(), head
+    return int(head.split()[1]), json.loads(body), time.monotonic() - start
+
+
+def test_slow_headers_are_answered_408_and_bad_requests_get_the_json_error(tiny_bert, monkeypatch):
+    """A real uvicorn server on bertkit's connection: a client that opens a connection and sends
+    nothing, or its headers a byte at a time (slowloris), is answered 408 and closed once
+    HEADER_TIMEOUT_S passes, on a first request or a kept-alive connection's next; what h11 cannot
+    parse is 400 (431 for unfinished headers past its bound) with the server's {"error": ...}. A client that
+    keeps to the deadline is served, and the server stays healthy."""
+    import threading
+
+    import uvicorn
+
+    from bertkit.inference.serve import connection
+    monkeypatch.setattr(connection, "HEADER_TIMEOUT_S", 1)
+    port = free_port()
+    server = uvicorn.Server(uvicorn_config(create_app(ServeConfig(model=str(tiny_bert))), host="127.0.0.1", port=port))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        for _ in range(600):
+            if server.started:
+                break
+            time.sleep(0.05)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as silent, \
+                socket.create_connection(("127.0.0.1", port), timeout=30) as dribbling:
+            for byte in health[:7]:  # a byte every 0.12 s: each one in time, the whole not
+                dribbling.sendall(bytes([byte]))
+                time.sleep(0.12)
+            for s in (silent, dribbling):
+                status, body, _ = _answer(s)
+                assert status == 408 and body == {"error": "the request's line and headers did not arrive within 1 s"}
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as kept:
+            kept.sendall(health)
+            assert b"200 OK" in kept.recv(1000)
+            time.sleep(0.5)  # idle under the keep-alive timer; then a second request, sent in time
+            kept.sendall(health[:10])
+            time.sleep(0.5)
+            kept.sendall(health[10:])
+            assert b"200 OK" in kept.recv(1000)
+            kept.sendall(health[:10])  # a third that stops half-way
+            assert _answer(kept)[0] == 408
+        for request, status, words in ((b"NOT HTTP AT ALL\r\n\r\n", 400, "invalid HTTP request: "),
+                                       (b"GET / HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 70_000, 431,
+                                        "invalid HTTP request: ")):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+                s.sendall(request)
+                got, body, _ = _answer(s)
+                assert got == status and body["error"].startswith(words) and len(body["error"]) > len(words), body
+        assert json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=30).read())["status"] == "ok"
+    finally:
         server.should_exit = True
         thread.join(timeout=30)
 

@@ -12,6 +12,7 @@ from fastapi_offline import FastAPIOffline
 from ...errors import BertkitError
 from .batching import Batcher
 from .config import Limits, ServeConfig
+from .connection import MAX_HEADER_BYTES, Connection
 from .errors import HANDLERS
 from .metrics import Metrics
 from .middleware import BodyLimit, Measure
@@ -79,6 +80,14 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def uvicorn_config(app, **where):
+    """uvicorn's options for the app: the connection with a deadline for headers and JSON refusals
+    (connection.py); an idle keep-alive connection closed after 5 s (uvicorn's default, named here)."""
+    import uvicorn
+    return uvicorn.Config(app, log_level="warning", timeout_keep_alive=5, http=Connection,
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, **where)
+
+
 def serve(cfg: ServeConfig) -> None:
     import uvicorn
 
@@ -88,7 +97,6 @@ def serve(cfg: ServeConfig) -> None:
         app = create_app(cfg)
         print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
               f"(API docs: /docs, /openapi.json)", flush=True)
-        # an idle keep-alive connection is closed after 5 s (uvicorn's default, named here)
-        uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5)).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(app)).run(sockets=[sock])
     finally:
         sock.close()
