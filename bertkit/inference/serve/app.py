@@ -4,6 +4,7 @@ which runs it on uvicorn."""
 from __future__ import annotations
 
 import errno
+import os
 import socket
 from contextlib import asynccontextmanager
 
@@ -80,6 +81,9 @@ def _listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+SERVING_KERNEL_CACHE = 0
+
+
 def uvicorn_config(app, **where):
     """uvicorn's options for the app: the connection with a deadline for headers and JSON refusals
     (connection.py); an idle keep-alive connection closed after 5 s (uvicorn's default, named here)."""
@@ -93,6 +97,11 @@ def serve(cfg: ServeConfig) -> None:
 
     cfg.check()
     sock = _listen(cfg.host, cfg.port)
+    # oneDNN keeps a kernel for every input shape it meets (1,024 by default), and a server meets
+    # a new (texts, tokens) shape with nearly every batch: MiniLM on mixed requests grew 18% after
+    # warm-up and kept growing; with none kept it holds flat (benchmarks/serve_load.py). Read when
+    # the first kernel is made: set before the model loads, and the user's own setting wins.
+    os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(SERVING_KERNEL_CACHE))
     try:
         app = create_app(cfg)
         print(f"bertkit: serving {cfg.model} ({cfg.backend}) on http://{cfg.host}:{cfg.port}/ "
