@@ -46,7 +46,7 @@ def jsonl(path):
 
 def test_registry_and_available():
     assert list(registry.DATASETS) == ["rotten-tomatoes", "tweets", "wnut16", "squad-subset", "aclsum",
-                                "wordnet-attributes"]
+                                       "wordnet-attributes", "wordnet-definitions"]
     info = registry.available()
     assert set(info) == set(registry.DATASETS)
     for name, line in info.items():
@@ -176,6 +176,38 @@ def test_aclsum(exported):
         assert row["labels"] == [int(any(v)) for v in zip(*row["aspects"].values())]  # any aspect
         assert 0 < sum(row["labels"]) < len(row["labels"])
     assert "ANY of the three aspects" in (out / "README.md").read_text()
+
+
+def test_wordnet_definitions_keep_unseen_words_out_of_training(exported):
+    """Hill et al.'s construction: no definition of an unseen word trains; a seen definition is
+    held out while its word trains by another; every target is a candidate."""
+    out, summary = exported("wordnet-definitions")
+    counts = summary["counts"]
+    folds = {name: readers.read_word(out / f"{name}.jsonl") for name in ("train", "eval_seen", "eval_unseen")}
+    assert {name: len(rows) for name, rows in folds.items()} == {name: counts[name] for name in folds}
+    assert counts["eval_seen"] == counts["eval_unseen"] == 500 and counts["train"] > 100_000
+    train_words = {r["word"] for r in folds["train"]}
+    unseen_words = {r["word"] for r in folds["eval_unseen"]}
+    assert len(unseen_words) == 500 and not unseen_words & train_words
+    pairs = lambda rows: {(r["text"], r["word"]) for r in rows}  # noqa: E731
+    assert not pairs(folds["eval_seen"]) & pairs(folds["train"])
+    assert {r["word"] for r in folds["eval_seen"]} <= train_words
+    candidates = (out / "candidates.txt").read_text().split()
+    assert len(candidates) == counts["candidates"] >= 50_000 and candidates == sorted(set(candidates))
+    assert train_words | unseen_words <= set(candidates)
+    assert ("a member of the genus Canis (probably descended from the common wolf) that has been domesticated "
+            "by man since prehistoric times; occurs in many breeds", "dog") in pairs(folds["train"])
+
+
+def test_definition_splits_on_a_toy_dictionary():
+    from bertkit.data.wordnet_definitions import gloss, splits
+    assert gloss('00001740 03 n 01 entity 0 003 | that which is perceived; "an entity"  ') == "that which is perceived"
+    rows = [{"text": f"def {i} of {w}", "word": w} for w in "abcdefghij" for i in range(1 + "abcdefghij".index(w) % 3)]
+    folds = splits(rows, held_out=3, seed=1)
+    unseen = {r["word"] for r in folds["eval_unseen"]}
+    assert len(unseen) == 3 and not unseen & {r["word"] for r in folds["train"]}
+    assert len(folds["eval_seen"]) == 3 and all(r not in folds["train"] for r in folds["eval_seen"])
+    assert {r["word"] for r in folds["eval_seen"]} <= {r["word"] for r in folds["train"]}
 
 
 def test_wordnet_attributes_folds(exported):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..errors import BertkitError
 from ..files import write_file
-from . import aclsum, rotten_tomatoes, squad_subset, tweets, wnut16, wordnet_attributes
+from . import aclsum, rotten_tomatoes, squad_subset, tweets, wnut16, wordnet_attributes, wordnet_definitions
 from .common import SEED, Built, package_file
 
 
@@ -47,6 +47,9 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in [
     Dataset("wordnet-attributes", "word", "WordNet adjective -> attribute noun pairs (large -> size)",
             "WordNet 3.0 licence (Princeton University; permissive, keep the copyright notice)",
             "apt-get install -y wordnet-base", wordnet_attributes.wordnet_file, wordnet_attributes.build),
+    Dataset("wordnet-definitions", "word", "WordNet definition -> word pairs, seen and unseen splits (reverse "
+            "dictionary)", "WordNet 3.0 licence (Princeton University; permissive, keep the copyright notice)",
+            "apt-get install -y wordnet-base", wordnet_attributes.wordnet_file, wordnet_definitions.build),
 ]}
 
 
