@@ -27,7 +27,7 @@ OPTION_KEYS = {
     "tag": "dropout",
     "qa": "doc_stride, max_query_len, n_best, max_answer_len, null_score_diff, version_2",
     "summarize": "k, max_words, dropout",
-    "word": "tied, bias, frozen_decoder, hub_correction, transform, negatives",
+    "word": "head, words, temperature, tied, bias, frozen_decoder, hub_correction, transform, negatives",
 }
 
 

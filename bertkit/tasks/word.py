@@ -24,6 +24,7 @@ behind the defaults are in docs/finetuning.md):
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,9 @@ from torch import nn
 
 from ..errors import BertkitError
 from .base import Task, bert_inputs, boolean, one_of, pad
+from .candidates import CandidateHead, contrastive_loss, encode_words, ranks, refresh
+
+WORD_MAX_LEN = 16  # tokens a candidate word is read in, [CLS] and [SEP] included
 
 
 class WordHead(nn.Module):
@@ -64,6 +68,33 @@ class WordHead(nn.Module):
 
 
 HUB_MOMENTUM = 0.01  # the running mean's weight on each new batch
+TEMPERATURE = 0.05  # head=encoder: cosines are divided by it in the loss
+
+
+def candidate_words(words_file: str | None, train: list[dict]) -> list[str]:
+    """head=encoder's candidate vocabulary: the words of `words_file` (one per line), else WordNet's
+    one-word lemmas where WordNet is installed; the training file's targets always among them."""
+    targets = {ex["word"] for ex in train if ex["word"]}
+    if words_file is not None:
+        from ..inputs import read_text
+        path = Path(words_file)
+        if not path.is_file():
+            raise BertkitError(f"--option words={words_file}: no such file")
+        words = set()
+        for lineno, line in enumerate(read_text(path).split("\n"), 1):
+            if line.strip() and len(line.split()) != 1:
+                raise BertkitError(f"{path}, line {lineno}: one word per line, found {line.strip()[:60]!r}")
+            words.update(line.split())
+        if not words:
+            raise BertkitError(f"{path}: no words in it")
+        return sorted(words | targets)
+    try:
+        from ..data.wordnet_definitions import definition_pairs
+        return sorted({r["word"] for r in definition_pairs()} | targets)
+    except BertkitError:  # WordNet is not installed
+        print("bertkit: warning: WordNet is not installed, so the candidate words are the training targets "
+              "alone; --option words=FILE gives a vocabulary", file=sys.stderr)
+        return sorted(targets)
 
 
 def _padded(mask: torch.Tensor, size: int) -> torch.Tensor:
@@ -72,16 +103,39 @@ def _padded(mask: torch.Tensor, size: int) -> torch.Tensor:
     return torch.cat([mask, mask.new_zeros(size - mask.numel())]) if mask.numel() < size else mask
 
 
+def _temperature(v):
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= 1:
+        raise ValueError(f"must be a number in (0, 1], got {v!r}")
+    return float(v)
+
+
+def _words_file(v):
+    if not isinstance(v, str) or not v:
+        raise ValueError(f"must be a file of words, one per line, got {v!r}")
+    return v
+
+
 class WordTask(Task):
     name = "word"
     primary_metric = "acc@1"
     options = {"tied": boolean, "bias": boolean, "frozen_decoder": boolean, "hub_correction": boolean,
-               "transform": one_of("random", "mlm"), "negatives": one_of("vocabulary", "targets")}
+               "transform": one_of("random", "mlm"), "negatives": one_of("vocabulary", "targets"),
+               "head": one_of("vocab", "encoder"), "words": _words_file, "temperature": _temperature}
+
+    @property
+    def encoder_head(self) -> bool:
+        return self.info.get("head", "vocab") == "encoder"
 
     def fit(self, train, options):
         super().fit(train, options)
         if options.get("negatives") == "targets":  # kept in bertkit.json: a resumed run trains the same way
             self.info["train_targets"] = sorted({ex["word"] for ex in train if ex["word"]})
+        if self.encoder_head and "candidate_words" not in self.info:
+            self.info["candidate_words"] = candidate_words(options.get("words"), train)
+            if "pooling" not in self.info:
+                from ..pooling import folder_pooling
+                base = self.info.get("base_model")
+                self.info["pooling"] = (folder_pooling(base) if base else None) or "cls"
 
     def read(self, path):
         from ..data.readers import read_word
@@ -94,6 +148,8 @@ class WordTask(Task):
         return [{"text": t, "word": None} for t in texts]
 
     def features(self, examples, tokenizer, max_len):
+        if self.encoder_head:
+            return self._candidate_features(examples, tokenizer, max_len)
         encs = tokenizer.encode_unpadded([ex["text"] for ex in examples], None, max_len)
         candidates = self._whole_words(tokenizer)
         vocabulary = [tokenizer.id_to_token(i) for i in range(tokenizer.vocab_size)]
@@ -131,7 +187,40 @@ class WordTask(Task):
             allowed[i] = not token.startswith("##") and not (token.startswith("[") and token.endswith("]"))
         return allowed
 
+    def _candidate_features(self, examples, tokenizer, max_len):
+        words = self.info["candidate_words"]
+        if getattr(self, "_tokenized_for", None) is not tokenizer:  # every candidate, tokenized once
+            self._candidate_ids = [e.ids for e in tokenizer.encode_unpadded(words, None, WORD_MAX_LEN)]
+            self._pad_id, self._tokenized_for = tokenizer.pad_id, tokenizer
+            self._index = {w: i for i, w in enumerate(words)}
+        targets = [ex["word"] for ex in examples]
+        target_ids = tokenizer.encode_unpadded([w or "" for w in targets], None, WORD_MAX_LEN)
+        encs = tokenizer.encode_unpadded([ex["text"] for ex in examples], None, max_len)
+        feats, outside, others = [], 0, {}
+        for word, e, w in zip(targets, encs, target_ids):
+            label = self._index.get(word, -100) if word else -100
+            outside += bool(word) and label == -100
+            # a word's identity in the batch: its candidate row, or a number of its own past them
+            key = label if label != -100 else len(words) + others.setdefault(word, len(others))
+            feats.append({"input_ids": e.ids, "token_type_ids": [0] * len(e.ids), "attention_mask": [1] * len(e.ids),
+                          "labels": label, "word_ids": w.ids if word else [], "key": key})
+        if outside:
+            print(f"bertkit: {outside} of {len(examples)} target word(s) are not among the {len(words):,} candidate "
+                  "words: they train, but are never predicted and count as wrong", file=sys.stderr)
+        return feats
+
+    def loss_units(self, feat):
+        return int(bool(feat["word_ids"])) if self.encoder_head else super().loss_units(feat)
+
     def collate(self, feats, tokenizer):
+        if self.encoder_head:
+            batch = pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0,
+                                "labels": -100, "key": 0})
+            words = pad([{"input_ids": f["word_ids"] or [tokenizer.pad_id]} for f in feats],
+                        {"input_ids": tokenizer.pad_id})["input_ids"]
+            batch["word_ids"] = words
+            batch["has_word"] = torch.tensor([bool(f["word_ids"]) for f in feats])
+            return batch
         batch = pad(feats, {"input_ids": tokenizer.pad_id, "token_type_ids": 0, "attention_mask": 0, "labels": -100})
         batch["candidates"] = feats[0]["candidates"]  # (V,) bool: whole-word tokens
         if feats[0].get("negatives") is not None:
@@ -139,6 +228,8 @@ class WordTask(Task):
         return batch
 
     def head(self, cfg, bert):
+        if self.encoder_head:
+            return CandidateHead(len(self.info["candidate_words"]), cfg.hidden_size)
         return WordHead(cfg, bert.embeddings.word, tied=self.info.get("tied", True), bias=self.info.get("bias", True),
                         frozen_decoder=self.info.get("frozen_decoder", False),
                         hub_correction=self.info.get("hub_correction", False))
@@ -156,7 +247,30 @@ class WordTask(Task):
                 head.dense.load_state_dict(mlm.dense.state_dict())
                 head.norm.load_state_dict(mlm.norm.state_dict())
 
+    def _forward_encoder(self, model, batch):
+        pooling, temperature, head = self.info["pooling"], self.info.get("temperature", TEMPERATURE), model.head
+        phrases = encode_words(model.bert, batch["input_ids"], batch["attention_mask"], pooling)   # (B, H)
+        labels = batch["labels"]
+        if model.training:
+            if not getattr(head, "filled", False) and not head.vectors.any():  # a new head: its first cache
+                refresh(model, self._candidate_ids, self._pad_id, pooling)
+            head.filled = True
+            has = batch["has_word"]
+            words = batch["word_ids"][has]
+            targets = encode_words(model.bert, words, (words != self._pad_id).long(), pooling)    # (B', H)
+            head.fresh.fill_(0.0)
+            loss = contrastive_loss(phrases[has], targets, head.vectors, batch["key"][has], labels[has], temperature)
+            return loss, None
+        if not head.fresh:  # training moved the encoder since the cache was made
+            refresh(model, self._candidate_ids, self._pad_id, pooling)
+        scores = phrases @ head.vectors.T                                                          # (B, N)
+        loss = F.cross_entropy(scores / temperature, labels) if (labels != -100).any() else None
+        top = scores.topk(min(10, scores.size(1)), dim=-1)
+        return loss, (top.indices.cpu(), top.values.cpu(), ranks(scores, labels).cpu())
+
     def forward(self, model, batch):
+        if self.encoder_head:
+            return self._forward_encoder(model, batch)
         # the head reads the last layer at [CLS] alone: it runs there only
         out = model.bert(**bert_inputs(batch), last_layer_rows=torch.zeros_like(batch["input_ids"][:, :1]))
         logits = model.head(out.sequence_output[:, 0]).float()                 # (B, V)
@@ -171,6 +285,16 @@ class WordTask(Task):
         return loss, (ids.cpu(), probs.cpu())
 
     def decode(self, outputs, feats, examples):
+        if self.encoder_head:
+            words = self.info["candidate_words"]
+            ids = torch.cat([o[0] for o in outputs]).tolist()
+            scores = torch.cat([o[1] for o in outputs]).tolist()
+            rank = torch.cat([o[2] for o in outputs]).tolist()
+            # "rank": the target's among the candidates (None when it is none of them)
+            return [{"word": words[row[0]], "top": [{"word": words[i], "score": p} for i, p in zip(row, ps)],
+                     "target": words[f["labels"]] if f["labels"] != -100 else None,
+                     "rank": r if f["labels"] != -100 else None}
+                    for row, ps, r, f in zip(ids, scores, rank, feats)]
         ids = torch.cat([o[0] for o in outputs]).tolist()
         probs = torch.cat([o[1] for o in outputs]).tolist()
         vocabulary = feats[0]["vocabulary"] if feats else []
@@ -187,7 +311,15 @@ class WordTask(Task):
             hits1 += p["target"] is not None and top5[0] == p["target"]
             hits5 += p["target"] is not None and p["target"] in top5
         n = max(1, len(examples))
-        return {"acc@1": hits1 / n, "acc@5": hits5 / n, "examples": len(examples)}
+        if not self.encoder_head:
+            return {"acc@1": hits1 / n, "acc@5": hits5 / n, "examples": len(examples)}
+        # a target that is no candidate ranks past them all
+        worst = len(self.info["candidate_words"]) + 1
+        rank = sorted(p["rank"] or worst for p in predictions)
+        return {"acc@1": hits1 / n, "acc@5": hits5 / n, "acc@10": sum(r <= 10 for r in rank) / n,
+                "acc@100": sum(r <= 100 for r in rank) / n, "median_rank": rank[len(rank) // 2] if rank else None,
+                "not_candidates": sum(p["rank"] is None for p in predictions), "candidates": worst - 1,
+                "examples": len(examples)}
 
     def describe(self, prediction, example):
         return {"text": example["text"], "word": prediction["word"], "top": prediction["top"]}
