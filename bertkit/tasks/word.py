@@ -1,4 +1,7 @@
-"""A short phrase to one vocabulary word through [CLS] ("large" -> "size", "very heavy" -> "weight").
+"""A short phrase to one word ("large" -> "size", "very heavy" -> "weight").
+
+`--option head=encoder` makes it a reverse dictionary over any candidate words, those no example
+trained on included (candidates.py). The rest of this note is the default head, `head=vocab`:
 
 The [CLS] vector goes through a transform like the MLM head's (dense, GELU, LayerNorm) and is
 projected onto the vocabulary, by default with the word embeddings themselves (tied), so a
@@ -256,6 +259,8 @@ class WordTask(Task):
                 refresh(model, self._candidate_ids, self._pad_id, pooling)
             head.filled = True
             has = batch["has_word"]
+            if not has.any():
+                return None, None
             words = batch["word_ids"][has]
             targets = encode_words(model.bert, words, (words != self._pad_id).long(), pooling)    # (B', H)
             head.fresh.fill_(0.0)
