@@ -121,9 +121,9 @@ def _words_file(v):
 class WordTask(Task):
     name = "word"
     primary_metric = "acc@1"
-    options = {"tied": boolean, "bias": boolean, "frozen_decoder": boolean, "hub_correction": boolean,
-               "transform": one_of("random", "mlm"), "negatives": one_of("vocabulary", "targets"),
-               "head": one_of("vocab", "encoder"), "words": _words_file, "temperature": _temperature}
+    options = {"head": one_of("vocab", "encoder"), "words": _words_file, "temperature": _temperature,
+               "tied": boolean, "bias": boolean, "frozen_decoder": boolean, "hub_correction": boolean,
+               "transform": one_of("random", "mlm"), "negatives": one_of("vocabulary", "targets")}
 
     @property
     def encoder_head(self) -> bool:
