@@ -204,6 +204,8 @@ def main():
                "model": Path(args.model).name,
                "date": time.strftime("%Y-%m-%d"), "runs": []}
     results["window_ms"] = args.window_ms
+    if args.only_memory:
+        results["variant"] = "memory"  # kept beside the day's load run (common.save_result)
     if args.memory_requests:
         results["memory"] = memory(args.model, texts, args.memory_requests)
     for batching in () if args.only_memory else (True,) if args.only_batching else (True, False):
