@@ -10,7 +10,7 @@ Rows:
 - head=vocab: the linear layer over the vocabulary from [CLS], the closed-set baseline.
 
     .venv/bin/python benchmarks/reverse_dictionary.py [--part zero-shot|encoder|vocab|all]
-        [--train-limit 20000] [--epochs 1] [--seeds 0]
+        [--train-limit 20000] [--epochs 1] [--seeds 0] [--train-on definitions|attributes]
 
 Runs live in runs/reverse-dictionary/; results in benchmarks/results/reverse_dictionary.json.
 """
@@ -78,15 +78,18 @@ def zero_shot(model: str, root: Path) -> dict:
     return out
 
 
-def finetune(model: str, root: Path, head: str, seed: int, train_limit: int, epochs: int, lr: float | None) -> dict:
-    train = root / "wordnet-definitions" / "train.jsonl"
+def finetune(model: str, root: Path, head: str, seed: int, train_limit: int, epochs: int, lr: float | None,
+             train_on: str = "definitions") -> dict:
+    train = root / f"wordnet-{train_on}" / "train.jsonl"
     rows = train.read_text().splitlines()
     random.Random(seed).shuffle(rows)
-    part = RUNS / f"train-{train_limit}-seed{seed}.jsonl"
+    part = RUNS / f"train-{train_on}-{train_limit}-seed{seed}.jsonl"
     part.write_text("\n".join(rows[:train_limit]) + "\n")
-    out = RUNS / f"{head}-{train_limit}-e{epochs}-seed{seed}"
+    out = RUNS / f"{head}-{train_on}-{train_limit}-e{epochs}-seed{seed}"
+    # the epoch kept is the best on the unseen split of what it trains on
+    held_out = evals(root)["unseen" if train_on == "definitions" else "attributes unseen"]
     cmd = [sys.executable, "-m", "bertkit", "finetune", "word", "--model", model, "--train", str(part),
-           "--eval", str(evals(root)["unseen"]), "--out", str(out), "--epochs", str(epochs), "--seed", str(seed),
+           "--eval", str(held_out), "--out", str(out), "--epochs", str(epochs), "--seed", str(seed),
            "--option", f"head={head}", "--overwrite"]
     if head == "encoder":
         cmd += ["--option", f"words={root / 'wordnet-definitions' / 'candidates.txt'}"]
@@ -94,7 +97,8 @@ def finetune(model: str, root: Path, head: str, seed: int, train_limit: int, epo
         cmd += ["--lr", str(lr)]
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True)
-    result = {"head": head, "seed": seed, "train": min(train_limit, len(rows)), "epochs": epochs, "lr": lr,
+    result = {"head": head, "train_on": train_on, "seed": seed, "train": min(train_limit, len(rows)), "epochs": epochs,
+              "lr": lr,
               "finetune_s": time.perf_counter() - t0}
     for name, path in evals(root).items():
         got = subprocess.run([sys.executable, "-m", "bertkit", "evaluate", "word", "--model", str(out),
@@ -109,6 +113,8 @@ def main():
     ap.add_argument("--part", choices=["zero-shot", "encoder", "vocab", "all"], default="all")
     ap.add_argument("--train-limit", type=int, default=20000, help="training definitions (of 118,615)")
     ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--train-on", choices=["definitions", "attributes"], default="definitions",
+                    help="wordnet-definitions' train.jsonl, or wordnet-attributes' (adjective -> attribute)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--out", default="benchmarks/results")
@@ -120,7 +126,7 @@ def main():
     root = data()
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
               "model": Path(args.model).name, "published_unseen": PUBLISHED, "rows": [],
-              "variant": args.part if args.part == "zero-shot" else f"{args.part}, {args.train_limit} definitions, "
+              "variant": args.part if args.part == "zero-shot" else f"{args.part}, {args.train_limit} {args.train_on}, "
                                                                      f"{args.epochs} epoch(s), lr {args.lr or 'default'}"}
     if args.part in ("zero-shot", "all"):
         row = {"row": "zero-shot", **zero_shot(args.model, root)}
@@ -130,7 +136,7 @@ def main():
         if args.part in (head, "all"):
             for seed in args.seeds:
                 row = {"row": f"head={head}", **finetune(args.model, root, head, seed, args.train_limit, args.epochs,
-                                                         args.lr)}
+                                                         args.lr, args.train_on)}
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
     from common import save_result
