@@ -86,8 +86,8 @@ def finetune(model: str, root: Path, head: str, seed: int, train_limit: int, epo
     part = RUNS / f"train-{train_on}-{train_limit}-seed{seed}.jsonl"
     part.write_text("\n".join(rows[:train_limit]) + "\n")
     out = RUNS / f"{head}-{train_on}-{train_limit}-e{epochs}-seed{seed}"
-    # the epoch kept is the best on the unseen split of what it trains on
-    held_out = evals(root)["unseen" if train_on == "definitions" else "attributes unseen"]
+    # the epoch kept is the best on the seen split of what it trains on: the unseen one is the test
+    held_out = evals(root)["seen" if train_on == "definitions" else "attributes seen"]
     cmd = [sys.executable, "-m", "bertkit", "finetune", "word", "--model", model, "--train", str(part),
            "--eval", str(held_out), "--out", str(out), "--epochs", str(epochs), "--seed", str(seed),
            "--option", f"head={head}", "--overwrite"]
