@@ -146,7 +146,8 @@ async def memory_run(url: str, pid: int, texts: list[str], requests: int, client
         nonlocal sent
         while sent < requests:
             n, sent = sent, sent + 1
-            r = await c.post(url + mixed_request(texts, n)[0], json=mixed_request(texts, n)[1])
+            path, body = mixed_request(texts, n)
+            r = await c.post(url + path, json=body)
             statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
             if (n + 1) % every == 0:
                 rss.append((n + 1, resident_mb(pid)))
