@@ -168,7 +168,7 @@ def main():
     import torch
 
     from bertkit.inference.onnx_runtime import int8_pairs_saturate
-    from bertkit.training.distributed import native_bf16
+    from bertkit.precision import native_bf16
     floor = fp32_floor(minilm, texts)
     result = {"machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
               "threads": torch.get_num_threads(),

@@ -53,11 +53,11 @@ from bertkit import BertConfig, BertForPreTraining, WordPieceTokenizer, kernels
 from bertkit.folders import save_model
 from bertkit.model import init_weights, set_dropout
 from bertkit.optim import adamw
+from bertkit.precision import native_bf16
 from bertkit.pretraining.batches import PretrainingBatches
 from bertkit.pretraining.corpus import iter_documents
 from bertkit.pretraining.masking import MaskingConfig
 from bertkit.pretraining.shards import tokenize_corpus
-from bertkit.training.distributed import native_bf16
 from bertkit.training.memory import keep_freed_memory
 
 

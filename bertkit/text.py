@@ -20,7 +20,7 @@ _SENTENCE_END = re.compile(r"[.!?][\"'”’)\]]*\s+")
 _SPACE = re.compile(r"\s+")
 
 
-def _chunks(paragraph: str, size: int = MAX_CHUNK_CHARS) -> Iterator[str]:
+def bounded_chunks(paragraph: str, size: int = MAX_CHUNK_CHARS) -> Iterator[str]:
     """`paragraph` in pieces of at most `size` characters, cut after the last sentence end in
     the second half of each piece, else at its last whitespace, else (one giant word) at `size`."""
     start = 0
@@ -70,7 +70,7 @@ def split_sentences(text: str) -> list[str]:
     # one) at a time.
     for paragraph in text.split("\n"):
         if paragraph.strip():
-            for chunk in _chunks(paragraph, MAX_CHUNK_CHARS):
+            for chunk in bounded_chunks(paragraph, MAX_CHUNK_CHARS):
                 # The processor is what segment() runs; segment() then maps every sentence back
                 # to the text with a fresh regex each (a third of the time) for spans we drop.
                 found = [s.strip() for s in seg.processor(chunk).process() if s.strip()]

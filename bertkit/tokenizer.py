@@ -34,7 +34,7 @@ _NORMALIZER_KEYS = ("do_lower_case", "strip_accents", "tokenize_chinese_chars")
 _BERT_TOKENIZER_CLASSES = (None, "BertTokenizer", "BertTokenizerFast", "DistilBertTokenizer", "DistilBertTokenizerFast")
 
 
-def _renumber(tok: Tokenizer) -> None:
+def renumber_pieces(tok: Tokenizer) -> None:
     """Number a trained vocabulary in an order of its own: the special tokens first (ids 0-4, as
     trained), then single characters, "##" characters, longer pieces and "##" pieces, each in code
     point order. `tokenizers` numbers the alphabet and equally frequent merges in hash order, which
@@ -64,7 +64,7 @@ class Batch:
         return {k: getattr(self, k).to(device) for k in ("input_ids", "token_type_ids", "attention_mask")}
 
 
-def _bert_pipeline(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None,
+def bert_pipeline(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None,
                    chinese_chars: bool = True) -> Tokenizer:
     # BERT's basic tokenization: clean control characters, split CJK, lowercase and strip
     # accents for uncased vocabularies, split on whitespace and punctuation. strip_accents and
@@ -171,7 +171,7 @@ class WordPieceTokenizer:
     def from_vocab(cls, path: str | Path, lowercase: bool | None = None, strip_accents: bool | None = None,
                    chinese_chars: bool = True) -> "WordPieceTokenizer":
         """A tokenizer from a vocab.txt; lowercase=None decides casing from the vocabulary (said on
-        stderr); strip_accents and chinese_chars as _bert_pipeline takes them."""
+        stderr); strip_accents and chinese_chars as bert_pipeline takes them."""
         path = Path(path)
         vocab: dict[str, int] = {}
         from .inputs import read_text
@@ -188,7 +188,7 @@ class WordPieceTokenizer:
             raise BertkitError(f"{path}: empty vocabulary")
         if lowercase is None:
             lowercase = _vocab_casing(vocab, path)
-        tok = _bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)),
+        tok = bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)),
                              lowercase, strip_accents, chinese_chars)
         # registered as special (added) tokens, "[MASK]" in a text stays one token instead of being
         # split by punctuation into "[", "mask", "]" (three [UNK]s); their ids stay the vocabulary's
@@ -238,7 +238,7 @@ class WordPieceTokenizer:
                 # lowercasing tokenizer.json was lowercased here and not there, and saved so
                 strip = settings.get("strip_accents")
                 lowercase = True if lowercase is None else lowercase
-                _bert_pipeline(tok, lowercase, None if strip is None else bool(strip),
+                bert_pipeline(tok, lowercase, None if strip is None else bool(strip),
                                bool(settings.get("tokenize_chinese_chars", True)))
             if lowercase is None:
                 lowercase = _normalizer_lowercase(tok)
@@ -263,7 +263,7 @@ class WordPieceTokenizer:
         check_vocab_size(vocab_size)
         if min_frequency < 0:  # tokenizers' OverflowError otherwise
             raise BertkitError(f"--min-frequency must be at least 0, got {min_frequency}")
-        tok = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
+        tok = bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
                              lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
@@ -271,7 +271,7 @@ class WordPieceTokenizer:
         tok.train_from_iterator(texts, trainer=trainer)
         if tok.get_vocab_size() <= len(SPECIAL_TOKENS):
             raise BertkitError("the training text is empty: no vocabulary could be learned")
-        _renumber(tok)
+        renumber_pieces(tok)
         _set_post_processor(tok)
         return cls(tok, lowercase)
 

@@ -201,17 +201,17 @@ def test_worker_processes_split_as_this_process_does(tmp_path, wiki_excerpt, mon
     .map(b"".join)))
 def test_streamed_lines_equal_the_whole_file_read(tmp_path_factory, blob):
     """A corpus file is read a line at a time: the same lines and the same errors as reading it whole."""
-    from bertkit.pretraining.corpus import _file_lines, _read
+    from bertkit.pretraining.corpus import file_lines, read_text_file
     path = tmp_path_factory.mktemp("s") / "c.txt"
     path.write_bytes(blob)
     try:
-        whole = _read(path).splitlines()
+        whole = read_text_file(path).splitlines()
     except BertkitError as e:
         with pytest.raises(BertkitError) as streamed:
-            list(_file_lines(path))
+            list(file_lines(path))
         assert str(streamed.value) == str(e)
     else:
-        assert list(_file_lines(path)) == whole
+        assert list(file_lines(path)) == whole
 
 
 REST = """\

@@ -362,28 +362,28 @@ def test_bad_runtime_options(tmp_path, tiny_bert, data, capsys):
 
 
 def test_native_bf16_is_amx_or_avx512_bf16(monkeypatch):
-    from bertkit import precision as distributed
+    from bertkit import precision
     for amx, avx512_bf16 in ((False, False), (True, False), (False, True), (True, True)):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
-        assert distributed.native_bf16() == (amx or avx512_bf16)
+        assert precision.native_bf16() == (amx or avx512_bf16)
     monkeypatch.delattr(torch.cpu, "_is_avx512_bf16_supported")  # a torch without the check
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
-    assert distributed.native_bf16() is False
+    assert precision.native_bf16() is False
 
 
 def test_training_precision_auto_is_bf16_on_a_gpu_and_on_a_cpu_with_native_bf16(monkeypatch):
-    from bertkit import precision as distributed
+    from bertkit import precision
     from bertkit.errors import BertkitError
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
-    assert distributed.training_precision(gpu) == "bf16"
+    assert precision.training_precision(gpu) == "bf16"
     for native, want in ((True, "bf16"), (False, "fp32")):
-        monkeypatch.setattr(distributed, "native_bf16", lambda: native)
-        assert distributed.training_precision(cpu) == want
-        assert distributed.training_precision(cpu, "fp32") == "fp32"
-        assert distributed.training_precision(cpu, "bf16") == "bf16"
+        monkeypatch.setattr(precision, "native_bf16", lambda: native)
+        assert precision.training_precision(cpu) == want
+        assert precision.training_precision(cpu, "fp32") == "fp32"
+        assert precision.training_precision(cpu, "bf16") == "bf16"
     with pytest.raises(BertkitError, match="unknown precision 'fp16'"):
-        distributed.training_precision(cpu, "fp16")
+        precision.training_precision(cpu, "fp16")
 
 
 def test_finetune_precision_runs_the_steps_in_bf16_and_evaluates_in_fp32(tmp_path, tiny_bert, data, monkeypatch):

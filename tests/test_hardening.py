@@ -245,13 +245,13 @@ def test_fill_mask_says_a_mask_was_truncated(tiny_folder):
 
 # ---- sentence splitting is bounded per line ---------------------------------------------------
 def test_chunks_cut_long_paragraphs_at_sentence_ends():
-    from bertkit.text import _chunks
+    from bertkit.text import bounded_chunks
     text = "This is one sentence. " * 2000
-    chunks = list(_chunks(text, 1000))
+    chunks = list(bounded_chunks(text, 1000))
     assert "".join(chunks) == text and all(len(c) <= 1000 for c in chunks)
     assert all(c.endswith(". ") for c in chunks[:-1])
     word = "x" * 2500  # no whitespace at all: cut anyway
-    assert [len(c) for c in _chunks(word, 1000)] == [1000, 1000, 500]
+    assert [len(c) for c in bounded_chunks(word, 1000)] == [1000, 1000, 500]
 
 
 def test_a_250_kb_single_line_document_goes_to_pysbd_in_bounded_chunks(tmp_path, wiki_excerpt, monkeypatch):

@@ -218,14 +218,14 @@ def test_trained_ids_depend_on_the_pieces_alone(wiki_excerpt):
 
     from tokenizers import Tokenizer, models, trainers
 
-    from bertkit.tokenizer import SPECIAL_TOKENS, UNK, _bert_pipeline, _renumber
+    from bertkit.tokenizer import SPECIAL_TOKENS, UNK, bert_pipeline, renumber_pieces
     texts = [line for line in wiki_excerpt.read_text().splitlines() if line]
-    raw = _bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)), True)
+    raw = bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)), True)
     raw.train_from_iterator(iter(texts), trainer=trainers.WordPieceTrainer(
         vocab_size=1500, min_frequency=2, special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
         show_progress=False))
     ours = Tokenizer.from_str(raw.to_str())
-    _renumber(ours)
+    renumber_pieces(ours)
     assert set(ours.get_vocab()) == set(raw.get_vocab()) and ours.get_vocab() != raw.get_vocab()
     assert [ours.id_to_token(i) for i in range(8)] == SPECIAL_TOKENS + ["!", '"', "#"]
     probe = texts[:300] + ["naïve café [MASK] 東京", "x" * 150, "unbelievably " * 3]
@@ -236,7 +236,7 @@ def test_trained_ids_depend_on_the_pieces_alone(wiki_excerpt):
     shuffled = Tokenizer.from_str(raw.to_str())
     shuffled.model = models.WordPiece({t: i for i, t in enumerate(SPECIAL_TOKENS + pieces)}, unk_token=UNK,
                                       max_input_chars_per_word=100, continuing_subword_prefix="##")
-    _renumber(shuffled)
+    renumber_pieces(shuffled)
     assert shuffled.get_vocab() == ours.get_vocab()
     trained = WordPieceTokenizer.train(iter(texts), vocab_size=1500).tok.get_vocab()
     assert sorted(trained.values()) == list(range(len(trained)))

@@ -9,4 +9,6 @@ faster on a CPU, and is tested equal to it (tests/test_kernels.py and tests/test
 Which of them run is the Backend's choice, made explicitly: AUTO (the default) where each pays,
 REFERENCE for plain torch everywhere (`with kernels.use(kernels.REFERENCE): ...`).
 """
-from .backend import AUTO, REFERENCE, Backend, current, use  # noqa: F401
+from .backend import AUTO, REFERENCE, Backend, current, use
+
+__all__ = ["AUTO", "REFERENCE", "Backend", "current", "use"]

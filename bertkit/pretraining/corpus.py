@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ..errors import BertkitError
 from ..inputs import _utf16_without_bom, check_not_utf16, decode_text, open_binary, read_bytes, read_text
-from ..text import MAX_CHUNK_CHARS, _chunks, split_sentences  # noqa: F401 - re-exported
+from ..text import split_sentences
 from .split_workers import map_texts
 
 Document = list[str]
@@ -34,7 +34,7 @@ _SKIP_SECTIONS = {"see also", "references", "external links", "further reading",
                   "footnotes", "bibliography", "sources", "citations", "works cited"}
 
 
-def _read(path: Path) -> str:
+def read_text_file(path: Path) -> str:
     """A whole text file; a binary one is named with the offset of its first NUL byte."""
     data = read_bytes(path)
     try:
@@ -51,8 +51,8 @@ def _read(path: Path) -> str:
     return text
 
 
-def _file_lines(path: Path) -> Iterator[str]:
-    """The lines of a text file as _read(path).splitlines() gives them, and the same errors, but
+def file_lines(path: Path) -> Iterator[str]:
+    """The lines of a text file as read_text_file(path).splitlines() gives them, and the same errors, but
     read a line at a time: a corpus file may be larger than memory."""
     with open_binary(path) as f:
         # a byte-order mark or UTF-16 without one: named from the head, read without consuming it (a
@@ -87,7 +87,7 @@ def _lines(text: str) -> list[str]:
 
 def _document_texts(path: Path) -> Iterator[str]:
     lines: list[str] = []
-    for line in itertools.chain(_file_lines(path), [""]):  # the sentinel flushes the last document
+    for line in itertools.chain(file_lines(path), [""]):  # the sentinel flushes the last document
         if line.strip():
             lines.append(line)
         elif lines:
@@ -131,7 +131,7 @@ def task_file_texts(path: Path) -> Iterator[str]:
 def _files_documents(files: Iterable[Path], per_file: bool = False, per_line: bool = False) -> Iterator[Document]:
     # read a file at a time; with per_file a file is one text; a task file's rows are its texts
     texts = (t for p in files for t in (task_file_texts(p) if is_task_file(p) else
-                                         [_read(p)] if per_file else _document_texts(p)))
+                                         [read_text_file(p)] if per_file else _document_texts(p)))
     documents = map(_lines, texts) if per_line else map_texts(split_sentences, texts)
     return (sentences for sentences in documents if sentences)
 
@@ -157,7 +157,7 @@ def documents_up_to_two(source: str | Path, per_file: bool = False) -> int | Non
                 return 2
             continue
         inside = False  # each file's last document ends with the file
-        for line in _file_lines(f):
+        for line in file_lines(f):
             if line.strip() and not inside:
                 found, inside = found + 1, True
                 if per_file:
@@ -200,7 +200,7 @@ def rest_documents(files: Iterable[Path]) -> Iterator[Document]:
                 except (OSError, EOFError, UnicodeDecodeError) as e:
                     raise BertkitError(f"{path}: not gzip-compressed UTF-8 text ({e})") from None
             else:
-                yield _read(path)
+                yield read_text_file(path)
     return (sentences for sentences in map_texts(_rest_sentences, texts()) if len(sentences) >= 2)
 
 

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import BertkitError
-from ..precision import TRAINING_PRECISIONS, native_bf16, precision_context, training_precision  # noqa: F401
+from ..precision import precision_context
 from .memory import keep_freed_memory
 
 _LONG_WAIT = None  # a gloo group whose barrier may wait hours: rank 0 preparing a large corpus
