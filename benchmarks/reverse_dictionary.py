@@ -5,7 +5,7 @@ wordnet-attributes' folds: median rank and acc@1/10/100 over the whole candidate
 Rows:
 - zero-shot: the folder's own vectors, no training: the cosine between a definition's vector and
   each candidate word's (MiniLM: its mean pooling);
-- head=encoder: `bertkit finetune word --option head=encoder` (the candidate vectors from the
+- head=encoder: `bertkit finetune word`, its default head (the candidate vectors from the
   same encoder, trained contrastively);
 - head=vocab: the linear layer over the vocabulary from [CLS], the closed-set baseline.
 

@@ -1,6 +1,6 @@
 """Does the `word` task name words it never saw as targets? wordnet-attributes' unseen-attribute
 fold (33 attribute nouns that no training pair has) against its seen-attribute fold, for the
-word head's options (bertkit/tasks/word.py), over seeds, for MiniLM and a model bertkit pretrained.
+head=vocab's options (bertkit/tasks/word.py), over seeds, for MiniLM and a model bertkit pretrained.
 
 Each run fine-tunes `bertkit finetune word` on train.jsonl, keeps the epoch that scores best on
 eval_seen_attribute.jsonl, then scores both folds once (acc@1, acc@5 over whole-word tokens).
@@ -77,7 +77,7 @@ def fine_tune(model: str, options: dict, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         summary = finetune(FinetuneConfig(task="word", model=folder(model), train=str(d / "train.jsonl"),
                                           eval=str(d / "eval_seen_attribute.jsonl"), out=tmp, seed=seed,
-                                          progress=False, overwrite=True, options=options))
+                                          progress=False, overwrite=True, options={"head": "vocab", **options}))
         seen = evaluate_folder("word", tmp, d / "eval_seen_attribute.jsonl")
         unseen = evaluate_folder("word", tmp, d / "eval_unseen_attribute.jsonl")
     return {"seen_acc1": seen["acc@1"], "seen_acc5": seen["acc@5"], "unseen_acc1": unseen["acc@1"],

@@ -177,8 +177,13 @@ def cmd_predict(args) -> None:
         raise BertkitError("give --input FILE or texts to predict, not both (one of them would be left out)")
     if args.backend != "torch" and args.precision != "fp32":
         raise BertkitError(f"--backend {args.backend} runs on ONNX Runtime's own weights; leave --precision at fp32")
+    if args.top_k is not None and (args.task != "word" or args.top_k < 1):
+        raise BertkitError(f"--top-k {args.top_k}: " + ("must be at least 1" if args.task == "word" else
+                                                         "words per text, an option of the word task"))
     from .inference.export import open_task_folder
     task, model, tok = open_task_folder(args.model, args.task, args.backend)
+    if args.top_k is not None:
+        task.top_k = args.top_k
     if args.input is None and not args.text:
         raise BertkitError("give --input FILE or texts to predict")
     max_len = task_max_len(task, model, args.max_len)  # within the model's position limit
@@ -313,9 +318,11 @@ def _finetune_parser(sub) -> None:
     from .training.options import add_flags
     ft = sub.add_parser("finetune", help="fine-tune a model folder for a task")
     ft.add_argument("task", choices=list(TASKS))
-    from .tasks import DEFAULTS, OPTION_KEYS
+    from .tasks import DEFAULTS, OPTION_DEFAULTS, OPTION_KEYS
     from .tasks.options import FinetuneConfig
     per_task = lambda key: "; ".join(f"{t} {d[key]:g}" for t, d in DEFAULTS.items())  # noqa: E731
+    variants = lambda key: "; ".join(f"{t} with {k}={v}: {d[key]:g}" for t, by in OPTION_DEFAULTS.items()  # noqa: E731
+                                     for (k, v), d in by.items() if key in d)
     ft.add_argument("--head", choices=["linear", "mlp"], help="classify: the classifier head")
     ft.add_argument("--option", action="append", metavar="KEY=VALUE",
                     help="task option, checked before anything is read: "
@@ -325,7 +332,8 @@ def _finetune_parser(sub) -> None:
                  "1e-3 x 128 / its hidden size",
               save_every="default: at each epoch's end; removed when the run completes",
               precision="evaluation is always fp32",
-              epochs=f"default per task: {per_task('epochs')}; for a model bertkit pretrained from scratch, more "
+              epochs=f"default per task: {per_task('epochs')} ({variants('epochs')}); for a model bertkit pretrained "
+                     "from scratch, more "
                      "where that is under 950 steps",
               batch_size=f"default per task: {per_task('batch_size')}",
               max_len=f"default per task: {per_task('max_len')}")
@@ -355,6 +363,7 @@ def _predict_parser(sub) -> None:
                     help=PRECISION_HELP)
     pr.add_argument("--backend", choices=["torch", "onnx", "onnx-int8"], default="torch",
                     help="onnx: the encoder on ONNX Runtime (a folder made by `bertkit export`)")
+    pr.add_argument("--top-k", type=int, help="word: words per text, best first (default 10)")
     pr.add_argument("text", nargs="*")
     pr.set_defaults(func=cmd_predict)
 

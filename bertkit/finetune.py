@@ -23,7 +23,7 @@ from .folders import load_model
 from .optim import adamw
 from .outputs import check_output_folder
 from .precision import training_precision
-from .tasks import DEFAULTS, default_epochs, get_task
+from .tasks import default_epochs, get_task, task_defaults
 from .tasks.base import Task, TaskModel
 from .tasks.folder import load_task_model, save_task_model
 from .tasks.options import FinetuneConfig
@@ -309,7 +309,7 @@ def _prepare(cfg: FinetuneConfig, run: Run, task: Task, user_options: dict, trai
     # the task's defaults from the fine-tuning study, then what the user chose: all of it goes into
     # bertkit.json (with what fit() adds, e.g. classify's pooling), so that evaluate and predict
     # run the model as it was trained
-    options = {**DEFAULTS[cfg.task]["options"], "max_len": cfg.max_len, "base_model": str(cfg.model), **user_options}
+    options = {**task_defaults(cfg.task)["options"], "max_len": cfg.max_len, "base_model": str(cfg.model), **user_options}
     task.fit(train_ex, options)
     task.check(eval_ex, cfg.eval)
     model = TaskModel(bert, task.head(bert.config, bert))
@@ -347,7 +347,7 @@ def finetune(cfg: FinetuneConfig, on_step=None, timer=time.perf_counter) -> dict
     train_ex = None
     if cfg.epochs is None:  # a model bertkit pretrained, no --epochs: enough steps (tasks.default_epochs)
         train_ex = task.read(cfg.train)  # read once: the data checks below take it as it is
-        cfg.epochs = default_epochs(cfg.task, cfg.model, len(train_ex), cfg.batch_size)
+        cfg.epochs = default_epochs(cfg.task, cfg.model, len(train_ex), cfg.batch_size, cfg.options)
     if (summary := _finished(cfg, out)) is not None:
         log(f"the run in {out} is finished (summary.json): nothing to resume; its model is in {out}")
         return summary if procs.main else None

@@ -162,11 +162,12 @@ def _word_data(tmp_path):
     return data
 
 
-def test_word_task_end_to_end(tmp_path, tiny_bert, capsys):
+def test_word_task_end_to_end_with_the_vocabulary_head(tmp_path, tiny_bert, capsys):
     data = _word_data(tmp_path)
     out = tmp_path / "word"
     _run(capsys, "finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
-         "--out", str(out), "--epochs", "3", "--batch-size", "4", "--lr", "3e-3")
+         "--out", str(out), "--epochs", "3", "--batch-size", "4", "--lr", "3e-3", "--option", "head=vocab")
+    assert json.loads((out / "bertkit.json").read_text())["head"] == "vocab"
     metrics = json.loads(_run(capsys, "evaluate", "word", "--model", str(out), "--data", str(data)))
     assert {"acc@1", "acc@5"} <= set(metrics) and metrics["acc@5"] >= metrics["acc@1"]
     pred = json.loads(_run(capsys, "predict", "word", "--model", str(out), "large").splitlines()[0])
@@ -261,7 +262,7 @@ def test_word_head_options_round_trip_and_the_mlm_transform(tmp_path, tiny_bert,
     data = _word_data(tmp_path)
     out = tmp_path / "word"
     _run(capsys, "finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
-         "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "3e-3",
+         "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "3e-3", "--option", "head=vocab",
          "--option", "bias=false", "--option", "frozen_decoder=true", "--option", "hub_correction=true")
     task, model, _ = load_task_model(out)
     assert task.info["hub_correction"] and model.head.hub.abs().sum() > 0 and not model.head.bias.any()
@@ -288,6 +289,14 @@ def test_word_head_options_round_trip_and_the_mlm_transform(tmp_path, tiny_bert,
     assert main(["finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
                  "--out", str(tmp_path / "bad"), "--option", "transform=mlp"]) == 2
     assert "transform='mlp': expected one of random, mlm" in capsys.readouterr().err
+    # an option of the other head is refused by name, before anything is written
+    for given, want in ((["bias=false"], "--option bias: an option of head=vocab, and this run's head is encoder"),
+                        (["head=vocab", "words=w.txt"], "--option words: an option of head=encoder, and this run's "
+                                                        "head is vocab")):
+        assert main(["finetune", "word", "--model", str(tiny_bert), "--train", str(data), "--eval", str(data),
+                     "--out", str(tmp_path / "bad"), *[a for g in given for a in ("--option", g)]]) == 2
+        assert want in capsys.readouterr().err
+        assert not (tmp_path / "bad" / "bertkit.json").exists()
 
 
 def test_summarize_end_to_end(tmp_path, tiny_bert, capsys):

@@ -182,7 +182,7 @@ def test_finetune_refuses_its_model_folder_as_out_and_data_with_nothing_to_learn
     words = tmp_path / "words.csv"  # every target several tokens: nothing the word task can learn
     words.write_text("text,word\nvery large,bigness\nquite small,smallishness\n")
     assert main(["finetune", "word", "--model", str(tiny_bert), "--train", str(words), "--eval", str(words),
-                 "--epochs", "1", "--out", str(tmp_path / "w")]) == 2
+                 "--epochs", "1", "--out", str(tmp_path / "w"), "--option", "head=vocab"]) == 2
     assert "none of its 2 examples gives the model a target it can learn" in capsys.readouterr().err
 
 

@@ -54,7 +54,7 @@ def dictionary(tmp_path_factory, tiny_bert):
     words.write_text("\n".join(WORDS) + "\n")
     out = root / "model"
     assert main(["finetune", "word", "--model", str(tiny_bert), "--train", str(train), "--eval", str(train),
-                 "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "1e-3", "--option", "head=encoder",
+                 "--out", str(out), "--epochs", "2", "--batch-size", "4", "--lr", "1e-3",  # head=encoder: the default
                  "--option", f"words={words}", "--seed", "1"]) == 0
     return out, train
 
@@ -103,7 +103,36 @@ def test_evaluate_reports_ranks_over_the_candidates(dictionary, capsys, tmp_path
     metrics = json.loads(captured.out)
     assert metrics["candidates"] == 10 and metrics["not_candidates"] == 1 and metrics["examples"] == 6
     assert metrics["acc@1"] == pytest.approx(5 / 6) and metrics["median_rank"] == 1
-    assert "1 of 6 target word(s) are not among the 10 candidate words" in captured.err
+    assert "1 of 6 target word(s) are not among the 10 candidate words ('zebra')" in captured.err
+
+
+def test_predict_and_the_server_give_the_top_k_words(dictionary, capsys):
+    """`predict word --top-k K` and the server's top_k: K words best first, the same from both;
+    more than there are candidates gives every candidate; another task refuses the option."""
+    from fastapi.testclient import TestClient
+
+    from bertkit.inference.serve import ServeConfig, create_app
+    out, _ = dictionary
+    capsys.readouterr()
+    assert main(["predict", "word", "--model", str(out), "--top-k", "3", "the word cat"]) == 0
+    top = json.loads(capsys.readouterr().out)["top"]
+    assert len(top) == 3 and [t["score"] for t in top] == sorted((t["score"] for t in top), reverse=True)
+    assert main(["predict", "word", "--model", str(out), "--top-k", "50", "the word cat"]) == 0
+    assert sorted(t["word"] for t in json.loads(capsys.readouterr().out)["top"]) == sorted(WORDS)
+    assert main(["predict", "word", "--model", str(out), "--top-k", "0", "the word cat"]) == 2
+    assert "--top-k 0: must be at least 1" in capsys.readouterr().err
+    assert main(["predict", "classify", "--model", str(out), "--top-k", "3", "x"]) == 2
+    assert "--top-k 3: words per text, an option of the word task" in capsys.readouterr().err
+    with TestClient(create_app(ServeConfig(model=str(out))), raise_server_exceptions=False) as c:
+        r = c.post("/predict", json={"inputs": ["the word cat", "the word tree"], "top_k": 3})
+        assert r.status_code == 200, r.text
+        served = r.json()["predictions"]
+        assert [t["word"] for t in served[0]["top"]] == [t["word"] for t in top]
+        assert all(abs(a["score"] - b["score"]) < 1e-5 for a, b in zip(served[0]["top"], top))
+        assert len(served[1]["top"]) == 3
+        assert len(c.post("/predict", json={"inputs": ["the word cat"]}).json()["predictions"][0]["top"]) == 10
+        r = c.post("/predict", json={"inputs": ["the word cat"], "top_k": 101})
+        assert r.status_code == 422 and "top_k: 101 is over the limit of 100" in r.json()["error"]
 
 
 def test_a_words_file_with_two_words_on_a_line_is_refused_by_line(tmp_path, tiny_bert, capsys):

@@ -154,6 +154,8 @@ def test_fill_mask_predict_and_attention(pretrained, classifier, pair_classifier
         assert r.status_code == 200, r.text
         preds = r.json()["predictions"]
         assert r.json()["task"] == "classify" and all(p["label"] in ("fresh", "rotten") for p in preds)
+        r = c.post("/predict", json={"inputs": ["a film"], "top_k": 3})
+        assert r.status_code == 422 and "top_k: words per input, an option of the word task" in r.json()["error"]
     with client(pair_classifier) as c:
         r = c.post("/predict", json={"inputs": [{"text": "dull", "text_pair": "too long"}]})
         assert r.status_code == 200, r.text

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import BertkitError
 from ..training.options import REQUIRED, RunOptions, exact_names, option
-from . import DEFAULTS, default_lr
+from . import default_lr, task_defaults
 
 
 @dataclass
@@ -56,7 +56,7 @@ class FinetuneConfig(RunOptions):
         later = {"options", "lr"}
         if self.budget is None and pretraining_origin(self.model) is not None:
             later.add("epochs")
-        for name, value in DEFAULTS.get(self.task, DEFAULTS["classify"]).items():
+        for name, value in task_defaults(self.task, self.options).items():
             if name not in later and getattr(self, name) is None:
                 setattr(self, name, value)
         if self.lr is None:  # by what the model is: a published checkpoint or one bertkit pretrained

@@ -1,7 +1,9 @@
 """A short phrase to one word ("large" -> "size", "very heavy" -> "weight").
 
-`--option head=encoder` makes it a reverse dictionary over any candidate words, those no example
-trained on included (candidates.py). The rest of this note is the default head, `head=vocab`:
+The default head, `head=encoder`, makes it a reverse dictionary over any candidate words, those no
+example trained on included (candidates.py; options words and temperature). A folder fine-tuned
+before it existed, with no head in its bertkit.json, has the head the rest of this note is about,
+`head=vocab`, the right choice for a closed label set:
 
 The [CLS] vector goes through a transform like the MLM head's (dense, GELU, LayerNorm) and is
 projected onto the vocabulary, by default with the word embeddings themselves (tied), so a
@@ -125,11 +127,21 @@ class WordTask(Task):
                "tied": boolean, "bias": boolean, "frozen_decoder": boolean, "hub_correction": boolean,
                "transform": one_of("random", "mlm"), "negatives": one_of("vocabulary", "targets")}
 
+    top_k = 10  # words per prediction (`predict --top-k`, the server's top_k)
+    # each head's own options: given with the other head, they would do nothing
+    HEAD_OPTIONS = {"encoder": ("words", "temperature"),
+                    "vocab": ("tied", "bias", "frozen_decoder", "hub_correction", "transform", "negatives")}
+
     @property
     def encoder_head(self) -> bool:
-        return self.info.get("head", "vocab") == "encoder"
+        return self.info.get("head", "vocab") == "encoder"  # no head: a folder from before head=encoder
 
     def fit(self, train, options):
+        head = options.get("head", "vocab")
+        for other, keys in self.HEAD_OPTIONS.items():
+            if other != head and (given := [k for k in keys if k in options]):
+                raise BertkitError(f"--option {given[0]}: an option of head={other}, and this run's head is {head}; "
+                                   f"give --option head={other} as well, or leave {given[0]} out")
         super().fit(train, options)
         if options.get("negatives") == "targets":  # kept in bertkit.json: a resumed run trains the same way
             self.info["train_targets"] = sorted({ex["word"] for ex in train if ex["word"]})
@@ -199,17 +211,19 @@ class WordTask(Task):
         targets = [ex["word"] for ex in examples]
         target_ids = tokenizer.encode_unpadded([w or "" for w in targets], None, WORD_MAX_LEN)
         encs = tokenizer.encode_unpadded([ex["text"] for ex in examples], None, max_len)
-        feats, outside, others = [], 0, {}
+        feats, outside, others = [], [], {}
         for word, e, w in zip(targets, encs, target_ids):
             label = self._index.get(word, -100) if word else -100
-            outside += bool(word) and label == -100
+            if word and label == -100:
+                outside.append(word)
             # a word's identity in the batch: its candidate row, or a number of its own past them
             key = label if label != -100 else len(words) + others.setdefault(word, len(others))
             feats.append({"input_ids": e.ids, "token_type_ids": [0] * len(e.ids), "attention_mask": [1] * len(e.ids),
                           "labels": label, "word_ids": w.ids if word else [], "key": key})
         if outside:
-            print(f"bertkit: {outside} of {len(examples)} target word(s) are not among the {len(words):,} candidate "
-                  "words: they train, but are never predicted and count as wrong", file=sys.stderr)
+            named = ", ".join(repr(w) for w in sorted(set(outside))[:5]) + (", ..." if len(set(outside)) > 5 else "")
+            print(f"bertkit: {len(outside)} of {len(examples)} target word(s) are not among the {len(words):,} "
+                  f"candidate words ({named}): they train, but are never predicted and count as wrong", file=sys.stderr)
         return feats
 
     def loss_units(self, feat):
@@ -270,7 +284,7 @@ class WordTask(Task):
             refresh(model, self._candidate_ids, self._pad_id, pooling)
         scores = phrases @ head.vectors.T                                                          # (B, N)
         loss = F.cross_entropy(scores / temperature, labels) if (labels != -100).any() else None
-        top = scores.topk(min(10, scores.size(1)), dim=-1)
+        top = scores.topk(min(self.top_k, scores.size(1)), dim=-1)
         return loss, (top.indices.cpu(), top.values.cpu(), ranks(scores, labels).cpu())
 
     def forward(self, model, batch):
@@ -286,7 +300,7 @@ class WordTask(Task):
             scored = logits.masked_fill(~_padded(batch["negatives"], logits.size(-1)), float("-inf"))
         loss = F.cross_entropy(scored, labels, ignore_index=-100) if (labels != -100).any() else None
         logits = logits.masked_fill(~candidates, float("-inf"))
-        probs, ids = logits.softmax(-1).topk(10, dim=-1)
+        probs, ids = logits.softmax(-1).topk(min(self.top_k, int(candidates.sum())), dim=-1)
         return loss, (ids.cpu(), probs.cpu())
 
     def decode(self, outputs, feats, examples):

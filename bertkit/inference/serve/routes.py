@@ -174,13 +174,18 @@ async def predict(body: PredictRequest, request: Request, served: ServedDep, bat
     if len(body.inputs) > limits.cfg.max_texts:
         raise RequestError(413, f"inputs: {len(body.inputs)} inputs, over the limit of {limits.cfg.max_texts} "
                                 "per request (--max-texts)")
+    if body.top_k is not None and served.task.name != "word":
+        raise RequestError(422, f"top_k: words per input, an option of the word task; {served.name} is {served.task.name}")
+    if body.top_k is not None and body.top_k > limits.cfg.max_top_k:
+        raise RequestError(422, f"top_k: {body.top_k} is over the limit of {limits.cfg.max_top_k}")
     # the task reads its inputs and says what of them counts against which limit
     examples = served.task.request_examples(body.inputs)
     tokens = 0
     for check in served.task.request_token_checks(body.inputs, examples, limits.tokens, served.max_len):
         tokens += await check_texts(served, limits, check.texts, check.pairs, check.field, check.limit,
                                     limit_name=check.limit_name)
-    results = await batcher.submit(served.run_predict, (), examples, tokens, request.is_disconnected)
+    key = () if body.top_k is None else (body.top_k,)  # requests join a batch only with the same top_k
+    results = await batcher.submit(served.run_predict, key, examples, tokens, request.is_disconnected)
     return {"task": served.task.name, "predictions": results}
 
 

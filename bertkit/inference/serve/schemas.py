@@ -73,6 +73,7 @@ class FillMaskRequest(Strict):
 class PredictRequest(Strict):
     inputs: list[Union[str, dict[str, Any]]] = Field(
         min_length=1, fail_fast=True, description="strings, or {text, text_pair} (classify), or {question, context} (qa)")
+    top_k: int | None = Field(None, ge=1, description="word: words per input, best first (default 10)")
 
 
 class AttentionRequest(Strict):

@@ -1,6 +1,7 @@
 """The model folder behind the server: what it can do and the model calls each endpoint makes."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 
@@ -89,8 +90,12 @@ class Served:
     def run_predict(self, key: tuple, items: list) -> list:
         from ...tasks.runner import run_task
         feats = self.task.features(items, self.tokenizer, self.max_len)
-        preds, _ = run_task(self.task, self.task_model, feats, items, self.tokenizer)
-        return [self.task.describe(p, ex) for p, ex in zip(preds, items)]
+        task = self.task
+        if key:  # the word task's top_k: a copy, the served task stays as it is (calls run one at a time)
+            task = copy.copy(self.task)
+            task.top_k = key[0]
+        preds, _ = run_task(task, self.task_model, feats, items, self.tokenizer)
+        return [task.describe(p, ex) for p, ex in zip(preds, items)]
 
     def run_attention(self, key: tuple, items: list) -> list:
         from ..attention import attention_maps
