@@ -424,6 +424,12 @@ def test_each_task_has_its_own_defaults_and_flags_override_them(tmp_path):
         assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.max_len) == (d["epochs"], d["batch_size"], d["lr"], d["max_len"])
     cfg = FinetuneConfig(task="qa", model="m", train="t", eval="e", out="o", epochs=1, lr=3e-5, max_len=64, batch_size=2)
     assert (cfg.epochs, cfg.batch_size, cfg.lr, cfg.max_len) == (1, 2, 3e-5, 64)
+    # the word task's default head is encoder (1 epoch); head=vocab keeps its own 3
+    assert DEFAULTS["word"]["options"] == {"head": "encoder"} and DEFAULTS["word"]["epochs"] == 1
+    word = dict(task="word", model="m", train="t", eval="e", out="o")
+    assert FinetuneConfig(**word, options={"head": "vocab"}).epochs == 3
+    assert FinetuneConfig(**word, options={"head": "encoder"}).epochs == 1
+    assert FinetuneConfig(**word, options={"head": "vocab"}, epochs=2).epochs == 2
 
 
 def test_classify_defaults_to_the_checkpoints_own_sentence_vector(tmp_path, tiny_bert, capsys):
