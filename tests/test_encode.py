@@ -332,7 +332,7 @@ def test_fill_mask_names_a_top_k_that_is_not_an_integer(minilm_folder):
     assert len(fill_mask(model, tok, ["a [MASK] day"], top_k=2)[0][0]) == 2
 
 
-def test_the_example_runs_on_any_folder(tiny_bert, capsys):
+def test_the_example_runs_on_any_folder(tiny_bert, minilm_folder, capsys):
     """examples/contextual_vectors.py [MODEL_FOLDER] (its docstring's usage) on a folder of one's
     own: it asserted MiniLM's answer (the kitten sentence nearest the cat one), a traceback on a
     one-minute pretraining run's folder; it prints which sentence is nearest instead."""
@@ -344,8 +344,14 @@ def test_the_example_runs_on_any_folder(tiny_bert, capsys):
     spec.loader.exec_module(example)
     example.main(str(tiny_bert))
     printed = capsys.readouterr().out
-    assert "cosine similarity of the vectors for 'crane'" in printed
+    assert "crane: " in printed and "bank: " in printed and "nearest in its own sense: " in printed
     assert "nearest to 'The cat sat on the mat.': " in printed
+    # MiniLM tells the senses apart: nearer within a sense, and 3 of 4 nearest neighbours in it
+    from bertkit import Encoder
+    encoder = Encoder.from_folder(minilm_folder)
+    for word, (first, second) in example.SENSES.items():
+        within, across, own = example.senses(encoder, word, first, second)
+        assert within > across and own == 3, word
 
 
 def test_tokenizer_config_length_and_a_null_pad_id_are_read_as_transformers_reads_them(tmp_path, minilm_folder):
