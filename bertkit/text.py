@@ -8,7 +8,7 @@ from functools import lru_cache
 
 
 @lru_cache(maxsize=1)
-def _segmenter():
+def sentence_segmenter():
     import pysbd  # building the segmenter compiles its rules once
     return pysbd.Segmenter(language="en", clean=False)
 
@@ -64,7 +64,7 @@ def _faithful(chunk: str, sentences: list[str]) -> list[str]:
 
 def split_sentences(text: str) -> list[str]:
     """Sentences of `text`; every line is a paragraph of its own."""
-    seg = _segmenter()
+    seg = sentence_segmenter()
     sentences = []
     # pysbd is superlinear in its input length: feed it one paragraph (or chunk of a very long
     # one) at a time.

@@ -164,12 +164,12 @@ def test_worker_processes_split_as_this_process_does(tmp_path, wiki_excerpt, mon
     text_file = write(tmp_path / "c.txt", "\n\n".join(paragraphs) + "\n")
     rest = [write(tmp_path / f"r{i}.rst", f"Title {i}\n=======\n\n{p}\n\n* a list item here.\n")
             for i, p in enumerate(paragraphs)]
-    with bz2.open(corpus._wiki_path()) as f:
+    with bz2.open(corpus.wiki_dump_path()) as f:
         raws = [raw for _t, raw, _p in islice(extract_pages(f, filter_namespaces=("0",)), 8) if raw.strip()]
 
     def documents():
         return (list(iter_documents(text_file)), list(iter_documents(text_file, per_file=True)),
-                list(corpus.rest_documents(rest)), list(split_workers.map_texts(corpus._wiki_sentences, raws)))
+                list(corpus.rest_documents(rest)), list(split_workers.map_texts(corpus.wiki_article_sentences, raws)))
     monkeypatch.setattr(split_workers, "worker_count", lambda: 1)
     here = documents()
     started = []

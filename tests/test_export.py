@@ -431,7 +431,7 @@ def test_int8_graphs_open_pair_safe_only_where_the_cpu_saturates(exported, monke
     assert not int8_pairs_saturate({"sse4_2"}) and not int8_pairs_saturate({"asimd", "asimddp"})
 
     int8, fp32 = exported / "model.int8.onnx", exported / "model.onnx"
-    opened = onnx_runtime._model_for_this_cpu
+    opened = onnx_runtime.model_for_this_cpu
     assert opened(int8) == str(int8)  # this CPU: the weights as written
     ids = np.array([[2, 40, 41, 42, 3]])
     here = OnnxEncoder.from_folder(exported, int8=True).run(ids)[0]

@@ -261,7 +261,7 @@ def test_a_250_kb_single_line_document_goes_to_pysbd_in_bounded_chunks(tmp_path,
     from bertkit.pretraining.corpus import iter_documents
     prose = " ".join(wiki_excerpt.read_text().split())  # real sentences, all on one line
     line = (prose + " ") * (250_000 // len(prose) + 1)
-    seg, given = text._segmenter(), []
+    seg, given = text.sentence_segmenter(), []
     original = seg.processor
     monkeypatch.setattr(seg, "processor", lambda chunk: (given.append(len(chunk)), original(chunk))[1])
     sentences = text.split_sentences(line[:250_000])

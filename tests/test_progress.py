@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from bertkit.training.log import _Lines, progress_bar
+from bertkit.training.log import TimedLines, progress_bar
 
 
 class Clock:
@@ -16,7 +16,7 @@ class Clock:
 
 def test_redraws_become_one_line_per_interval_and_the_last_state_is_kept():
     out, clock = io.StringIO(), Clock()
-    lines = _Lines(out, every=30, clock=clock)
+    lines = TimedLines(out, every=30, clock=clock)
     for second in range(0, 95, 5):  # a redraw every 5 s
         clock.now = second
         lines.write(f"\r  {second}/100 s, loss=1.0")
@@ -44,7 +44,7 @@ def test_a_bar_on_a_pipe_writes_lines_not_carriage_returns(capsys):
 
 def test_a_line_is_not_repeated_and_only_the_closing_newline_writes_the_last_state():
     out, clock = io.StringIO(), Clock()
-    lines = _Lines(out, every=30, clock=clock)
+    lines = TimedLines(out, every=30, clock=clock)
     lines.write("\r 5/10 step")
     clock.now = 10
     lines.write("\r10/10 step")

@@ -145,7 +145,7 @@ def pair_safe_int8_weights(model) -> int:
     return rescaled
 
 
-def _model_for_this_cpu(path: str | Path) -> str | bytes:
+def model_for_this_cpu(path: str | Path) -> str | bytes:
     """The model to open here: `path`, or on a CPU where int8 products saturate, an int8 graph's
     bytes with its weights made pair-safe (pair_safe_int8_weights); the file stays as written, so
     CPUs with VNNI keep its weights. Simulated, the saturation took MiniLM's int8 vectors to a mean
@@ -177,7 +177,7 @@ def open_session(path: str | Path):
         # the int8 graph's time, 3x the LayerNormalization and Add it replaces: int8 encoding 1.25x
         # faster without it, the vectors' cosine to fp32 as before (Xeon with AMX, ONNX Runtime
         # 1.31, docs/benchmarks.md); the fp32 graph is not fused either way
-        return ort.InferenceSession(_model_for_this_cpu(path), options, providers=["CPUExecutionProvider"],
+        return ort.InferenceSession(model_for_this_cpu(path), options, providers=["CPUExecutionProvider"],
                                     disabled_optimizers=["SkipLayerNormFusion"])
     except Exception as e:  # noqa: BLE001 - onnxruntime raises its own types
         raise BertkitError(f"{path}: cannot load the ONNX model ({e})") from None

@@ -307,7 +307,7 @@ def _built_in_reader(name: str) -> Callable[[], Iterator[Document]]:
     """The reader of a built-in corpus, once its files are found: a package that is not installed is
     named here, before anything is read."""
     if name == "wiki":
-        _wiki_path()
+        wiki_dump_path()
         return wiki_documents
     if name in DOC_SOURCES:
         files = _doc_files(name)
@@ -432,7 +432,7 @@ def _clean_article(text: str) -> list[str]:
     return paragraphs
 
 
-def _wiki_path() -> Path:
+def wiki_dump_path() -> Path:
     spec = importlib.util.find_spec("gensim")
     path = Path(spec.origin).parent / WIKI_SAMPLE if spec and spec.origin else None
     if path is None or not path.is_file():
@@ -444,15 +444,15 @@ def wiki_documents() -> Iterator[Document]:
     """The English Wikipedia sample shipped with gensim: one document per article."""
     def articles():
         from gensim.corpora.wikicorpus import extract_pages
-        with bz2.open(_wiki_path()) as f:
+        with bz2.open(wiki_dump_path()) as f:
             # Namespace "0" is articles: drops Wikipedia:, Template:, Category:, File: pages.
             for _title, raw, _pageid in extract_pages(f, filter_namespaces=("0",)):
                 if raw.strip() and not raw.lstrip().upper().startswith("#REDIRECT"):
                     yield raw
-    return (sentences for sentences in map_texts(_wiki_sentences, articles()) if sentences)
+    return (sentences for sentences in map_texts(wiki_article_sentences, articles()) if sentences)
 
 
-def _wiki_sentences(raw: str) -> list[str]:
+def wiki_article_sentences(raw: str) -> list[str]:
     from gensim.corpora.wikicorpus import filter_wiki
     sentences = split_sentences("\n".join(_clean_article(filter_wiki(raw))))
     # Lone quotes, brackets and years split off by pysbd carry nothing to learn.

@@ -15,7 +15,7 @@ from ..files import write_file
 LOG_EVERY_S = 30.0
 
 
-class _Lines:
+class TimedLines:
     """tqdm's stream where stderr is not a terminal: a bar redrawn in place (carriage returns)
     would pile up in a log, a thousand redraws for a ten-minute run. Each redraw becomes at most
     one whole line per `every` seconds, and the last one is written when the bar closes; a line
@@ -49,10 +49,10 @@ class _Lines:
 
 
 def progress_bar(enabled: bool, **kwargs) -> tqdm:
-    """tqdm on stderr: live in a terminal, else a line every LOG_EVERY_S seconds (_Lines)."""
+    """tqdm on stderr: live in a terminal, else a line every LOG_EVERY_S seconds (TimedLines)."""
     stream = sys.stderr
     if enabled and not stream.isatty():
-        kwargs = {**kwargs, "file": _Lines(stream), "dynamic_ncols": False, "ncols": 100}
+        kwargs = {**kwargs, "file": TimedLines(stream), "dynamic_ncols": False, "ncols": 100}
     return tqdm(disable=not enabled, **kwargs)
 
 
