@@ -198,14 +198,19 @@ def report() -> None:
         if acc["rotten-tomatoes"] and sp:
             points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
     if points:
-        fig, ax = figure()
+        fig, ax = figure(figsize=(7, 4.5))
         for m, x, y in points:
             ax.scatter(x, y)
-            ax.annotate(m, (x, y), fontsize=8)
+            ax.annotate(m, (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        if (words := results.get("probe|word-counts", {}).get("test")) is not None:
+            ax.axhline(words, color="grey", linestyle="--", linewidth=1)
+            ax.annotate("word counts + logistic regression", (min(x for _, x, _ in points), words), fontsize=8,
+                        xytext=(0, 4), textcoords="offset points", color="grey")
         ax.set_xscale("log")
         ax.set_xlabel("bertkit encode, texts per second (log)")
         ax.set_ylabel("rotten-tomatoes test accuracy (median of seeds)")
-        save_figure(fig, PLOT, f"Accuracy against encoding speed ({cpu_name()})")
+        fig.suptitle(f"Fine-tuned accuracy against encoding speed\n{cpu_name()}", fontsize=10)
+        save_figure(fig, PLOT)
 
 
 def main():
