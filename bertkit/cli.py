@@ -333,8 +333,7 @@ def _finetune_parser(sub) -> None:
               save_every="default: at each epoch's end; removed when the run completes",
               precision="evaluation is always fp32",
               epochs=f"default per task: {per_task('epochs')} ({variants('epochs')}); for a model bertkit pretrained "
-                     "from scratch, more "
-                     "where that is under 950 steps",
+                     "from scratch, more where that is under 950 steps",
               batch_size=f"default per task: {per_task('batch_size')}",
               max_len=f"default per task: {per_task('max_len')}")
     ft.set_defaults(func=cmd_finetune)

@@ -65,7 +65,7 @@ class Batch:
 
 
 def bert_pipeline(tok: Tokenizer, lowercase: bool, strip_accents: bool | None = None,
-                   chinese_chars: bool = True) -> Tokenizer:
+                  chinese_chars: bool = True) -> Tokenizer:
     # BERT's basic tokenization: clean control characters, split CJK, lowercase and strip
     # accents for uncased vocabularies, split on whitespace and punctuation. strip_accents and
     # chinese_chars: tokenizer_config.json's strip_accents (None: as lowercase) and
@@ -189,7 +189,7 @@ class WordPieceTokenizer:
         if lowercase is None:
             lowercase = _vocab_casing(vocab, path)
         tok = bert_pipeline(Tokenizer(models.WordPiece(vocab, unk_token=UNK, max_input_chars_per_word=100)),
-                             lowercase, strip_accents, chinese_chars)
+                            lowercase, strip_accents, chinese_chars)
         # registered as special (added) tokens, "[MASK]" in a text stays one token instead of being
         # split by punctuation into "[", "mask", "]" (three [UNK]s); their ids stay the vocabulary's
         tok.add_special_tokens([t for t in SPECIAL_TOKENS if t in vocab])
@@ -239,7 +239,7 @@ class WordPieceTokenizer:
                 strip = settings.get("strip_accents")
                 lowercase = True if lowercase is None else lowercase
                 bert_pipeline(tok, lowercase, None if strip is None else bool(strip),
-                               bool(settings.get("tokenize_chinese_chars", True)))
+                              bool(settings.get("tokenize_chinese_chars", True)))
             if lowercase is None:
                 lowercase = _normalizer_lowercase(tok)
             if lowercase is None:
@@ -264,7 +264,7 @@ class WordPieceTokenizer:
         if min_frequency < 0:  # tokenizers' OverflowError otherwise
             raise BertkitError(f"--min-frequency must be at least 0, got {min_frequency}")
         tok = bert_pipeline(Tokenizer(models.WordPiece(unk_token=UNK, max_input_chars_per_word=100)),
-                             lowercase)
+                            lowercase)
         trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                             special_tokens=SPECIAL_TOKENS, continuing_subword_prefix="##",
                                             show_progress=False)

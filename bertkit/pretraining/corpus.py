@@ -52,8 +52,8 @@ def read_text_file(path: Path) -> str:
 
 
 def file_lines(path: Path) -> Iterator[str]:
-    """The lines of a text file as read_text_file(path).splitlines() gives them, and the same errors, but
-    read a line at a time: a corpus file may be larger than memory."""
+    """The lines of a text file as read_text_file(path).splitlines() gives them, and the same
+    errors, but read a line at a time: a corpus file may be larger than memory."""
     with open_binary(path) as f:
         # a byte-order mark or UTF-16 without one: named from the head, read without consuming it (a
         # named pipe cannot seek back)

@@ -221,7 +221,8 @@ class WordTask(Task):
             feats.append({"input_ids": e.ids, "token_type_ids": [0] * len(e.ids), "attention_mask": [1] * len(e.ids),
                           "labels": label, "word_ids": w.ids if word else [], "key": key})
         if outside:
-            named = ", ".join(repr(w) for w in sorted(set(outside))[:5]) + (", ..." if len(set(outside)) > 5 else "")
+            missing = sorted(set(outside))
+            named = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
             print(f"bertkit: {len(outside)} of {len(examples)} target word(s) are not among the {len(words):,} "
                   f"candidate words ({named}): they train, but are never predicted and count as wrong", file=sys.stderr)
         return feats
