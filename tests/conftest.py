@@ -7,7 +7,9 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-torch.set_num_threads(2)
+# two threads a test, or fewer where make test runs tests side by side (pytest-xdist): no more threads
+# than cores in all
+torch.set_num_threads(max(1, min(2, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 
 class TinyBertFactory:
