@@ -17,8 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from .config import BertConfig, load_config
 from .errors import BertkitError
-from .files import WEIGHTS, WEIGHTS_INDEX, atomic_write, read_shard_index, weights_path
+from .files import WEIGHTS, WEIGHTS_INDEX, atomic_write, copy_into, read_shard_index, weights_path
 from .model import BertForPreTraining, BertModel, init_weights, weights_not_drawn
+from .pooling import folder_modules
 
 # ---- the name map ---------------------------------------------------------------------------
 # bertkit name -> HF BertModel name(s). Several HF names are concatenated along dim 0 (our fused
@@ -288,3 +289,20 @@ def pretraining_origin(folder: str | Path) -> str | None:
 SENTENCE_TRANSFORMERS_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
 
 
+def keep_sentence_transformers(source: str | Path, folder: str | Path) -> bool:
+    """A model trained on from a sentence-transformers folder stays one, of the same width: the
+    source's sentence-transformers files and its modules' folders (a Pooling's config) copied
+    into the new folder, so that it is pooled and normalised as the source was. A module path
+    that is not a plain folder name in the source is not followed. Returns whether it copied."""
+    source, folder = Path(source), Path(folder)
+    if not folder_modules(source):
+        return False
+    for name in SENTENCE_TRANSFORMERS_FILES:
+        if (source / name).is_file():
+            copy_into(source / name, folder / name)
+    for module in folder_modules(source):
+        path = module.get("path")
+        if isinstance(path, str) and path == Path(path).name and path not in ("", ".", "..") \
+                and (source / path).is_dir():
+            copy_into(source / path, folder / path)
+    return True

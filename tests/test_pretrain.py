@@ -102,6 +102,27 @@ def test_continue_pretraining_from_a_hf_folder(tmp_path, wiki_excerpt, minilm_fo
     assert cfg["hidden_size"] == 384 and cfg["num_hidden_layers"] == 6
     # a published checkpoint continued: fine-tuned at the task's lr, not a scratch run's
     assert json.loads((out / "bertkit.json").read_text())["pretrained_from"] == str(minilm_folder)
+    # a sentence-transformers folder continued stays one, pooled and normalised as MiniLM is
+    from bertkit.inference.encode import Encoder
+    from bertkit.pooling import folder_normalize
+    for name in ("modules.json", "sentence_bert_config.json", "1_Pooling/config.json"):
+        assert (out / name).read_bytes() == (minilm_folder / name).read_bytes(), name
+    assert Encoder.from_folder(out).default_pooling == "mean" and folder_normalize(out)
+
+
+def test_a_continued_folders_module_paths_outside_it_are_not_followed(tmp_path):
+    from bertkit.folders import keep_sentence_transformers
+    source, out, outside = tmp_path / "source", tmp_path / "out", tmp_path / "outside"
+    for d in (source / "1_Pooling", out, outside):
+        d.mkdir(parents=True)
+    (outside / "secret.txt").write_text("not a module")
+    (source / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_mean_tokens": True}))
+    (source / "modules.json").write_text(json.dumps([{"path": "1_Pooling"}, {"path": "../outside"},
+                                                      {"path": str(outside)}, {"path": 3}]))
+    assert keep_sentence_transformers(source, out)
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == ["1_Pooling", "1_Pooling/config.json",
+                                                                           "modules.json"]
+    assert not keep_sentence_transformers(outside, tmp_path / "none")
 
 
 def test_task_adaptive_pretraining_continues_a_scratch_run_on_a_task_files_texts(tmp_path, wiki_excerpt, vocab):

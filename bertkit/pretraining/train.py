@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from ..config import PRESETS, BertConfig, load_config
 from ..errors import BertkitError
-from ..folders import load_model, pretraining_origin, save_model
+from ..folders import keep_sentence_transformers, load_model, pretraining_origin, save_model
 from ..model import BertForPreTraining, init_weights, set_dropout
 from ..optim import adamw
 from ..outputs import check_output_folder
@@ -312,6 +312,8 @@ class _PretrainJob(Job):
             electra.save(self.model, out, tokenizer=tok, bertkit_info=info)
         else:
             save_model(self.model, out, tokenizer=tok, bertkit_info=info)
+            if self.cfg.model not in PRESETS:  # continued from a sentence-transformers folder: pooled as it was
+                keep_sentence_transformers(self.cfg.model, out)
 
 
 # ---- the run --------------------------------------------------------------------------------
