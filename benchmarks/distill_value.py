@@ -252,15 +252,39 @@ def _cell(values: list[float]) -> str:
     return f"{med:.3f}" if len(values) == 1 else f"{med:.3f} ({min(values):.3f}-{max(values):.3f})"
 
 
+def _architecture(model: str) -> str:
+    """Models of one shape encode at one speed: a student's preset, or MiniLM's own for MiniLM pretrained on."""
+    return "minilm" if model.startswith("minilm") else model.split("-")[0]
+
+
+def _speeds(results: dict) -> dict[str, dict]:
+    """model -> its speed entry, from the latest speed run only (one n, one date: the rounds MiniLM
+    ran in), so that no point mixes runs; a model that was not timed takes its shape's."""
+    latest = results.get("speed|minilm")
+    if latest is None:
+        return {}
+    same_run = {k.split("|")[1]: e for k, e in results.items() if k.startswith("speed|")
+                and e.get("texts") == latest.get("texts") and e.get("date") == latest.get("date")}
+    by_shape = {_architecture(m): e for m, e in same_run.items()}
+    models = {k.split("|")[1] for k in results}
+    return {m: same_run.get(m) or by_shape.get(_architecture(m)) for m in models
+            if m in same_run or _architecture(m) in by_shape}
+
+
 def report() -> None:
     results = load()
+    # MiniLM's own fine-tuning runs are pretrain_value.py's (the same defaults and seeds)
+    minilm = {k.replace("|defaults|", "|"): e for k, e in pretrain_value.load().items()
+              if k.startswith("finetune|minilm|") and "|defaults|" in k}
+    results = {**minilm, **results}
+    speeds = _speeds(results)
     models = sorted({k.split("|")[1] for k in results if k.startswith(("finetune|", "probe|", "speed|"))})
     print("| model | rotten-tomatoes test | tweets test | probe (RT test) | texts/s | x MiniLM |")
     print("|---|---|---|---|---|---|")
     points = []
     for m in models:
         acc = {d: [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{d}|")] for d in DATASETS}
-        pr, sp = results.get(f"probe|{m}", {}).get("test"), results.get(f"speed|{m}", {})
+        pr, sp = results.get(f"probe|{m}", {}).get("test"), speeds.get(m) or {}
         print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | "
               f"{'-' if pr is None else f'{pr:.3f}'} | {sp.get('texts_per_s', 0):.0f} | "
               f"{sp.get('vs_minilm') or 0:.1f}x |")
@@ -268,17 +292,25 @@ def report() -> None:
             points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
     if points:
         fig, ax = figure(figsize=(7, 4.5))
-        for m, x, y in points:
-            ax.scatter(x, y)
-            ax.annotate(m, (x, y), fontsize=8, xytext=(4, 4), textcoords="offset points")
+        for x in sorted({x for _, x, _ in points}):
+            # models of one shape share an x: one label for them, each name with its accuracy, highest first
+            group = sorted(((y, m) for m, x2, y in points if x2 == x), reverse=True)
+            ax.scatter([x] * len(group), [y for y, _ in group], color="tab:blue")
+            label = group[0][1] if len(group) == 1 else "\n".join(f"{m} {y:.3f}" for y, m in group)
+            ax.annotate(label, (x, group[0][0]), fontsize=8, xytext=(8, 5), textcoords="offset points", va="top")
         if (words := results.get("probe|word-counts", {}).get("test")) is not None:
             ax.axhline(words, color="grey", linestyle="--", linewidth=1)
             ax.annotate("word counts + logistic regression", (min(x for _, x, _ in points), words), fontsize=8,
                         xytext=(0, 4), textcoords="offset points", color="grey")
         ax.set_xscale("log")
+        ax.set_xlim(right=max(x for _, x, _ in points) * 3)  # room for the labels right of the fastest
+        ax.xaxis.set_major_formatter("{x:,.0f}")
+        ax.xaxis.set_minor_formatter("")
         ax.set_xlabel("bertkit encode, texts per second (log)")
         ax.set_ylabel("rotten-tomatoes test accuracy (median of seeds)")
-        fig.suptitle(f"Fine-tuned accuracy against encoding speed\n{cpu_name()}", fontsize=10)
+        n = results["speed|minilm"]["texts"]
+        fig.suptitle(f"Fine-tuned accuracy against encoding speed (bertkit encode, {n:,} texts, on the\n"
+                     f"{cpu_name()}; a model of one shape, one speed)", fontsize=10)
         save_figure(fig, PLOT)
 
 
