@@ -296,8 +296,8 @@ def report() -> None:
             # models of one shape share an x: one label for them, each name with its accuracy, highest first
             group = sorted(((y, m) for m, x2, y in points if x2 == x), reverse=True)
             ax.scatter([x] * len(group), [y for y, _ in group], color="tab:blue")
-            label = group[0][1] if len(group) == 1 else "\n".join(f"{m} {y:.3f}" for y, m in group)
-            ax.annotate(label, (x, group[0][0]), fontsize=8, xytext=(8, 5), textcoords="offset points", va="top")
+            ax.annotate("\n".join(f"{m} {y:.3f}" for y, m in group), (x, group[0][0]), fontsize=8, xytext=(8, 5),
+                        textcoords="offset points", va="top")
         if (words := results.get("probe|word-counts", {}).get("test")) is not None:
             ax.axhline(words, color="grey", linestyle="--", linewidth=1)
             ax.annotate("word counts + logistic regression", (min(x for _, x, _ in points), words), fontsize=8,
