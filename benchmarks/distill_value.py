@@ -120,18 +120,14 @@ def folder(model: str) -> str:
     return str(RUNS / model)
 
 
-# ---- the students ----
-def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None, more: bool = False) -> None:
-    name = f"{preset}-{minutes}m" + (f"-{variant}" if variant else "")
-    out, key = RUNS / name, f"distill|{name}"
+def _pretrain(name: str, key: str, args: list[str]) -> None:
+    """`bertkit pretrain ARGS` into runs/distill-value/NAME (resumed where it stopped), its log
+    beside it, and its summary recorded under key; skipped where it is recorded already."""
+    out = RUNS / name
     if key in load() and (out / "summary.json").is_file():
         print(f"{name}: done")
         return
-    held = ",".join(str(pretrain_value.data_dir(d) / f"{s}.jsonl") for d in DATASETS for s in ("dev", "test"))
-    cmd = [BERTKIT, "pretrain", "--teacher", pretrain_value.minilm(), "--model", preset, "--corpus", corpus(more),
-           "--exclude-from", held, "--budget", f"{minutes}m", "--out", str(out), "--no-samples", *extra]
-    if out.exists():
-        cmd.append("--resume")
+    cmd = [BERTKIT, "pretrain", *args, "--out", str(out), "--no-samples", *(["--resume"] if out.exists() else [])]
     print(" ".join(cmd), flush=True)
     RUNS.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -140,6 +136,14 @@ def distill(preset: str, minutes: int, extra: list[str], variant: str | None = N
     summary = json.loads((out / "summary.json").read_text())
     record(key, {"seconds": time.perf_counter() - t0, "steps": summary["steps"], "texts_seen": summary["pairs_seen"],
                  "epochs": summary["epoch"], "eval": summary["final_eval"], "command": " ".join(cmd[1:])})
+
+
+# ---- the students ----
+def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None, more: bool = False) -> None:
+    name = f"{preset}-{minutes}m" + (f"-{variant}" if variant else "")
+    held = ",".join(str(pretrain_value.data_dir(d) / f"{s}.jsonl") for d in DATASETS for s in ("dev", "test"))
+    _pretrain(name, f"distill|{name}", ["--teacher", pretrain_value.minilm(), "--model", preset, "--corpus",
+                                        corpus(more), "--exclude-from", held, "--budget", f"{minutes}m", *extra])
 
 
 # ---- continued pretraining of the teacher itself ----
@@ -153,22 +157,10 @@ def adapt(minutes: int) -> None:
     no NSP (the rows are single snippets). Into runs/distill-value/minilm-adapted-Nm, a
     sentence-transformers folder pooled as MiniLM is."""
     name = f"minilm-adapted-{minutes}m"
-    out, key = RUNS / name, f"adapt|{name}"
-    if key in load() and (out / "summary.json").is_file():
-        print(f"{name}: done")
-        return
     rt = pretrain_value.data_dir("rotten-tomatoes")
-    cmd = [BERTKIT, "pretrain", "--model", pretrain_value.minilm(), "--corpus", str(rt / "train.jsonl"),
-           "--exclude-from", f"{rt / 'dev.jsonl'},{rt / 'test.jsonl'}", *ADAPT, "--budget", f"{minutes}m",
-           "--out", str(out), "--no-samples", *(["--resume"] if out.exists() else [])]
-    print(" ".join(cmd), flush=True)
-    RUNS.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with open(RUNS / f"{name}.log", "a") as f:
-        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
-    summary = json.loads((out / "summary.json").read_text())
-    record(key, {"seconds": time.perf_counter() - t0, "steps": summary["steps"], "eval": summary["final_eval"],
-                 "command": " ".join(cmd[1:])})
+    _pretrain(name, f"adapt|{name}", ["--model", pretrain_value.minilm(), "--corpus", str(rt / "train.jsonl"),
+                                      "--exclude-from", f"{rt / 'dev.jsonl'},{rt / 'test.jsonl'}", *ADAPT,
+                                      "--budget", f"{minutes}m"])
 
 
 # ---- fine-tuning ----
