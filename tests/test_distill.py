@@ -28,6 +28,19 @@ def test_sentence_and_hidden_losses_equal_plain_formulas():
     np.testing.assert_allclose(distill.hidden_losses(hs, ht).numpy(), expected, rtol=1e-6)
 
 
+def test_logit_loss_equals_the_plain_kl_divergence_at_a_temperature():
+    g = torch.Generator().manual_seed(2)
+    s, t = torch.randn(4, 3, generator=g), torch.randn(4, 3, generator=g)
+    for temperature in (1.0, 2.5):
+        expected = []
+        for a, b in zip(s.double().numpy(), t.double().numpy()):
+            q = np.exp(a / temperature) / np.exp(a / temperature).sum()
+            p = np.exp(b / temperature) / np.exp(b / temperature).sum()
+            expected.append(temperature ** 2 * float(np.sum(p * np.log(p / q))))
+        assert distill.logit_losses(s, t, temperature).tolist() == pytest.approx(expected, rel=1e-5)
+    assert float(distill.logit_losses(t, t, 2.0).abs().max()) < 1e-6
+
+
 def _relation_reference(s, t, mask, heads):
     """KL(teacher || student) of each query token, head by head and key by key, in plain Python."""
     B, T, _ = s[0].shape
@@ -96,6 +109,26 @@ def teacher(tmp_path_factory, tiny_bert_factory, vocab):
 
 
 @pytest.fixture(scope="module")
+def classifier(tmp_path_factory, teacher):
+    """The tiny teacher as a folder fine-tuned for classify (three labels, on the mean, an MLP head),
+    as `bertkit finetune classify` saves one: a teacher of logits."""
+    from bertkit.folders import load_model
+    from bertkit.tasks.base import TaskModel
+    from bertkit.tasks.classify import ClassifyTask
+    from bertkit.tasks.folder import save_task_model
+    from bertkit.tokenizer import WordPieceTokenizer
+    task = ClassifyTask({"labels": ["negative", "neutral", "positive"], "pooling": "mean", "head": "mlp"})
+    bert, _ = load_model(teacher, heads=False)
+    torch.manual_seed(5)
+    model = TaskModel(bert, task.head(bert.config, bert))
+    with torch.no_grad():
+        model.head.classifier.weight.mul_(20)  # logits far enough apart for the student to learn
+    path = tmp_path_factory.mktemp("classifier")
+    save_task_model(model, task, WordPieceTokenizer.from_folder(teacher), path)
+    return path
+
+
+@pytest.fixture(scope="module")
 def corpus(tmp_path_factory, wiki_excerpt):
     """7 documents of 20 sentences from the excerpt: about 120 training texts (epochs of a few
     steps) and one held-out document."""
@@ -123,6 +156,41 @@ def test_a_teacher_makes_the_objective_distill_and_bad_choices_are_refused(tmp_p
         _cfg(corpus, teacher, tmp_path / "d", distill_sentence=0.0)
     with pytest.raises(BertkitError, match="--objective distill needs --teacher"):
         PretrainConfig(corpus=str(corpus), out=str(tmp_path / "e"), objective="distill")
+
+
+def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpus, teacher, classifier):
+    """--distill-logits: a teacher fine-tuned for classify gives the vector its classifier reads
+    and the classifier's logits (those `bertkit predict` turns into scores); the student learns them
+    through the teacher's head, and the held-out figures say how often it gives the teacher's label."""
+    from bertkit.pretraining.distill_job import text_batches
+    from bertkit.pretraining.shards import TokenStore
+    from bertkit.tasks.folder import load_task_model
+    out = tmp_path / "s"
+    summary = pretrain(_cfg(corpus, classifier, out, steps=12, distill_sentence=0.0, distill_logits=1.0,
+                            distill_temperature=2.0, lr=3e-3))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    assert all(r["logit_loss"] > 0 and r["sentence_loss"] == 0 for r in train)
+    assert np.mean([r["loss"] for r in train[-3:]]) < np.mean([r["loss"] for r in train[:3]])
+    assert 0 <= summary["final_eval"]["eval_agreement"] <= 1 and summary["final_eval"]["eval_texts"] == 16
+    # the teacher's logits are its classifier's, as fine-tuned
+    task, model, tok = load_task_model(classifier, device="cpu")
+    t = distill.Teacher(classifier, "cpu")
+    assert t.pooling == "mean" and not t.normalize and t.labels == ["negative", "neutral", "positive"]
+    cfg = _cfg(corpus, classifier, out)
+    _, batch = next(text_batches(cfg, TokenStore(out / "data" / "shards" / "train"), tok, 0, 8).iterate())
+    _, probs = task.forward(model, {**batch, "labels": torch.full((8,), -100)})
+    torch.testing.assert_close(t(batch, False, False).logits.softmax(-1), probs, rtol=1e-5, atol=1e-6)
+    # kept vectors give the same logits: the run with the cache follows the one without
+    fresh = pretrain(_cfg(corpus, classifier, tmp_path / "fresh", steps=12, distill_sentence=0.0, distill_logits=1.0,
+                          distill_temperature=2.0, lr=3e-3, teacher_cache=False))
+    assert fresh["final_eval"]["eval_agreement"] == summary["final_eval"]["eval_agreement"]
+    assert fresh["final_eval"]["eval_cosine"] == pytest.approx(summary["final_eval"]["eval_cosine"], rel=1e-4)
+    with pytest.raises(BertkitError, match=r"--distill-logits: --teacher .* is not fine-tuned; the logits are a "
+                                           r"classifier's"):
+        _cfg(corpus, teacher, tmp_path / "x", distill_logits=1.0)
+    with pytest.raises(BertkitError, match="--distill-temperature must be a number > 0, got 0"):
+        _cfg(corpus, classifier, tmp_path / "y", distill_logits=1.0, distill_temperature=0.0)
 
 
 def test_every_signal_trains_and_the_student_folder_loads_in_transformers(tmp_path, corpus, teacher):
@@ -215,7 +283,8 @@ procs = init_processes()
 out, teacher, corpus, grad_accum, dest = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
 cfg = PretrainConfig(corpus=corpus, teacher=teacher, out=str(out), steps=1, batch_size=16, max_len=48,
                      sentence_per_line=True, relation_heads=4, distill_hidden=1.0, distill_relations=1.0,
-                     distill_mlm=0.5, grad_accum=grad_accum, teacher_cache=False, progress=False)
+                     distill_mlm=0.5, distill_logits=1.0, distill_temperature=2.0, grad_accum=grad_accum,
+                     teacher_cache=False, progress=False)
 tok = WordPieceTokenizer.from_folder(out / "data")
 torch.manual_seed(0)
 student = train._build_student(cfg, tok)
@@ -232,8 +301,10 @@ job.close()
 '''
 
 
-def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, teacher):
-    """One global batch of 16 texts, every signal on: 2 gloo ranks x 2 micro-batches equal 1 process."""
+def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, classifier):
+    """One global batch of 16 texts, every signal on (a classifier teacher, for its logits too):
+    2 gloo ranks x 2 micro-batches equal 1 process."""
+    teacher = classifier
     import os
     import subprocess
     import sys
@@ -252,7 +323,7 @@ def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, teacher):
     for name in one["grads"]:
         torch.testing.assert_close(two["grads"][name], one["grads"][name], rtol=1e-4, atol=1e-7, msg=name)
     assert two["loss"] == pytest.approx(one["loss"], rel=1e-5)
-    for key in ("sentence", "hidden", "relations", "mlm", "cos"):
+    for key in ("sentence", "hidden", "relations", "mlm", "logits", "cos"):
         assert two["sums"][key] == pytest.approx(one["sums"][key], rel=1e-5), key
 
 

@@ -9,6 +9,9 @@ Signals (each weighted; 0 leaves it out):
   (TinyBERT); needs the teacher's vocabulary;
 - relations: the last layer's self-attention relations, query-query, key-key and value-value,
   split into relation heads whatever either model's head count (MiniLMv2), by KL divergence;
+- logits: where the teacher is a fine-tuned classifier (`bertkit finetune classify`), its class
+  probabilities, matched by its own head on the student's projected sentence vector, by KL
+  divergence at a temperature (Hinton et al.; the task distillation of TinyBERT and DistilBERT);
 - mlm: masked language modelling on the same texts, beside them.
 Each loss is a sum over its texts or tokens divided by the global batch's count, so micro-batches
 and processes give the gradient of one batch.
@@ -38,6 +41,7 @@ from ..files import atomic_write, copy_into, write_file
 from ..folders import load_model
 from ..model import BertForPreTraining, BertModel, Linear, init_weights
 from ..pooling import folder_modules, folder_normalize, folder_pooling, pool
+from ..tasks.folder import fine_tuned_task, load_task_model
 
 SENTENCE_LOSSES = ("cosine", "mse")
 RELATION_HEADS = 12  # MiniLMv2's relation heads for models of 384 to 768 wide
@@ -55,6 +59,14 @@ def sentence_losses(student: torch.Tensor, teacher: torch.Tensor, kind: str) -> 
 def hidden_losses(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
     """(B, T) squared error of each token's state, averaged over dimensions (padding: mask it out)."""
     return ((student.float() - teacher.float()) ** 2).mean(-1)
+
+
+def logit_losses(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
+    """(B,) T^2 KL(softmax(teacher / T) || softmax(student / T)) of each text's logits (B, C): the
+    T^2 keeps the gradient's size whatever the temperature (Hinton et al. 2015)."""
+    lt = (teacher.float() / temperature).log_softmax(-1)
+    ls = (student.float() / temperature).log_softmax(-1)
+    return temperature ** 2 * (lt.exp() * (lt - ls)).sum(-1)
 
 
 def relations(x: torch.Tensor, mask: torch.Tensor, heads: int) -> torch.Tensor:
@@ -98,18 +110,25 @@ class TeacherOutput:
     sentence: torch.Tensor        # (B, Ht) as the teacher's folder pools (and normalises) it
     hidden: torch.Tensor | None   # (B, T, Ht) last layer
     qkv: tuple | None             # last layer's queries, keys, values
+    logits: torch.Tensor | None = None  # (B, C) a fine-tuned classifier's
 
 
 class Teacher:
     """A model folder in evaluation mode, its weights frozen; its sentence vector pooled as the
-    folder declares (cls where it declares nothing)."""
+    folder declares (cls where it declares nothing). A folder fine-tuned for classify: the vector
+    its classifier reads, and the classifier (head) that makes its logits."""
 
     def __init__(self, folder: str | Path, device):
         self.folder = Path(folder)
-        self.bert, _ = load_model(folder, heads=False, quiet=True)
+        self.head = None
+        if fine_tuned_task(folder) == "classify":
+            task, model, _ = load_task_model(folder, device="cpu")
+            self.bert, self.head = model.bert, model.head.eval().requires_grad_(False).to(device)
+            self.labels, self.pooling, self.normalize = list(task.info["labels"]), task.info["pooling"], False
+        else:
+            self.bert, _ = load_model(folder, heads=False, quiet=True)
+            self.pooling, self.normalize = folder_pooling(folder) or "cls", folder_normalize(folder)
         self.bert.to(device).eval().requires_grad_(False)
-        self.pooling = folder_pooling(folder) or "cls"
-        self.normalize = folder_normalize(folder)
         self.config = self.bert.config
         self.last = LastLayerInput(self.bert)
 
@@ -120,7 +139,12 @@ class Teacher:
         if self.normalize:
             vec = F.normalize(vec, dim=-1)
         return TeacherOutput(vec, out.sequence_output.float() if tokens else None,
-                             tuple(x.float() for x in self.last.qkv()) if qkv else None)
+                             tuple(x.float() for x in self.last.qkv()) if qkv else None, self.logits(vec))
+
+    @torch.no_grad()
+    def logits(self, vec: torch.Tensor) -> torch.Tensor | None:
+        """(B, C) the classifier's logits of sentence vectors (B, Ht), or None: not a classifier."""
+        return None if self.head is None else self.head(vec.to(next(self.head.parameters()).dtype)).float()
 
 
 class Projections(nn.Module):
@@ -147,18 +171,21 @@ class Student(nn.Module):
     def config(self) -> BertConfig:
         return self.model.config
 
-    def forward(self, batch: dict, teacher: TeacherOutput, w: "Weights", counts: dict, mlm: bool):
+    def forward(self, batch: dict, teacher: TeacherOutput, w: "Weights", counts: dict, mlm: bool, head=None):
         """The weighted losses of this micro-batch, each a share of the global batch's (counts:
-        its texts, tokens and predictions). Returns (loss, per-signal sums as a (5,) tensor:
-        sentence, hidden, relations, mlm, summed cosine to the teacher)."""
+        its texts, tokens and predictions); head: the teacher's frozen classifier, for the logits.
+        Returns (loss, per-signal sums as a (6,) tensor: sentence, hidden, relations, mlm,
+        logits, summed cosine to the teacher)."""
         mask = batch["attention_mask"]
         out = self.model.bert(batch["input_ids"], batch["token_type_ids"], mask)
         zero = out.pooled_output.new_zeros(()).float()
-        sent = hid = rel = mlm_loss = zero
+        sent = hid = rel = mlm_loss = logit_loss = zero
         vec = self.proj.sentence(pool(out.sequence_output, None, mask, "mean"))      # (B, Ht)
         cos = F.cosine_similarity(vec.float(), teacher.sentence, dim=-1).sum().detach()
         if w.sentence:
             sent = sentence_losses(vec, teacher.sentence, w.sentence_loss).sum() / counts["texts"]
+        if w.logits:
+            logit_loss = logit_losses(head(vec), teacher.logits, w.temperature).sum() / counts["texts"]
         if w.hidden:
             per_token = hidden_losses(self.proj.hidden(out.sequence_output), teacher.hidden)  # (B, T)
             hid = (per_token * mask).sum() / counts["tokens"]
@@ -169,8 +196,9 @@ class Student(nn.Module):
             mlm_loss = self.model(batch["mlm_input_ids"], batch["token_type_ids"], mask,
                                   mlm_positions=batch["mlm_positions"], mlm_labels=batch["mlm_labels"],
                                   mlm_denominator=counts["predictions"]).mlm_loss
-        loss = w.sentence * sent + w.hidden * hid + w.relations * rel + w.mlm * mlm_loss
-        return loss, torch.stack([sent.detach(), hid.detach(), rel.detach(), mlm_loss.detach().float(), cos])
+        loss = w.sentence * sent + w.hidden * hid + w.relations * rel + w.mlm * mlm_loss + w.logits * logit_loss
+        return loss, torch.stack([sent.detach(), hid.detach(), rel.detach(), mlm_loss.detach().float(),
+                                  logit_loss.detach(), cos])
 
 
 @dataclass
@@ -181,6 +209,8 @@ class Weights:
     mlm: float = 0.0
     sentence_loss: str = "cosine"
     relation_heads: int = RELATION_HEADS
+    logits: float = 0.0
+    temperature: float = 1.0
 
 
 # ---- the student's start ------------------------------------------------------------------

@@ -37,7 +37,7 @@ from .texts import TextBatches
 
 def weights(cfg: PretrainConfig) -> Weights:
     return Weights(cfg.distill_sentence, cfg.distill_hidden, cfg.distill_relations, cfg.distill_mlm,
-                   cfg.sentence_loss, cfg.relation_heads)
+                   cfg.sentence_loss, cfg.relation_heads, cfg.distill_logits, cfg.distill_temperature)
 
 
 def text_batches(cfg: PretrainConfig, store: TokenStore, tok, seed: int, batch_size: int,
@@ -65,7 +65,7 @@ def teacher_id(folder: str | Path) -> str:
 
 class DistillJob(Job):
     """The student (with its projections) learning from the teacher on single texts."""
-    sums = ("loss", "sentence", "hidden", "relations", "mlm", "cos", "texts")
+    sums = ("loss", "sentence", "hidden", "relations", "mlm", "logits", "cos", "texts")
 
     def __init__(self, cfg: PretrainConfig, model: Student, opt, procs: Processes, tok, store: TokenStore,
                  eval_batches: list[dict], metrics, log, state: dict | None, *, phase: int, autocast):
@@ -106,22 +106,28 @@ class DistillJob(Job):
         ids = batch["text_ids"].numpy()
         cached = self.cache.get(ids) if self.cache is not None else None
         if cached is not None:
-            return {"t_sentence": cached.to(self.procs.device)}
+            vec = cached.to(self.procs.device)
+            return {"t_sentence": vec, **self._logits(vec)}
         with self.autocast:
             t = self.teacher(batch, tokens=bool(self.w.hidden), qkv=bool(self.w.relations))
         if self.cache is not None:
             self.cache.put(ids, t.sentence)
-        out = {"t_sentence": t.sentence}
+        out = {"t_sentence": t.sentence, **self._logits(t.sentence)}
         if t.hidden is not None:
             out["t_hidden"] = t.hidden
         if t.qkv is not None:
             out.update(zip(("t_q", "t_k", "t_v"), t.qkv))
         return out
 
+    def _logits(self, vec: torch.Tensor) -> dict:
+        """The classifier's logits of the teacher's sentence vectors (kept or fresh: the head is
+        cheap and always runs in fp32), where that signal is asked for."""
+        return {"t_logits": self.teacher.logits(vec)} if self.w.logits else {}
+
     @staticmethod
     def _teacher_of(mb: dict) -> TeacherOutput:
         qkv = tuple(mb[k] for k in ("t_q", "t_k", "t_v")) if "t_q" in mb else None
-        return TeacherOutput(mb["t_sentence"], mb.get("t_hidden"), qkv)
+        return TeacherOutput(mb["t_sentence"], mb.get("t_hidden"), qkv, mb.get("t_logits"))
 
     # ---- a step ----
     def gradients(self, batch: dict) -> StepResult:
@@ -138,24 +144,25 @@ class DistillJob(Job):
         mlm = bool(self.w.mlm)
 
         def forward(mb):
-            return self.net(mb, self._teacher_of(mb), self.w, counts, mlm)
+            return self.net(mb, self._teacher_of(mb), self.w, counts, mlm, self.teacher.head)
 
         stats = accumulate(self.net, batch, self.cfg.grad_accum, world, self.autocast, forward,
                            lambda mb, out: out)
         if world > 1:
             dist.all_reduce(stats)
-            stats[:4] /= world
-        sent, hid, rel, mlm_loss, cos = stats.tolist()  # the one read-back per step
+            stats[:5] /= world
+        sent, hid, rel, mlm_loss, logit_loss, cos = stats.tolist()  # the one read-back per step
         w = self.w
-        loss = w.sentence * sent + w.hidden * hid + w.relations * rel + w.mlm * mlm_loss
+        loss = w.sentence * sent + w.hidden * hid + w.relations * rel + w.mlm * mlm_loss + w.logits * logit_loss
         self.pairs_seen += self.batches.batch_size
         return StepResult(loss, {"loss": loss, "sentence": sent, "hidden": hid, "relations": rel, "mlm": mlm_loss,
-                                 "cos": cos, "texts": self.batches.batch_size}, self.batches.batch_size)
+                                 "logits": logit_loss, "cos": cos, "texts": self.batches.batch_size},
+                          self.batches.batch_size)
 
     def record(self, w: dict) -> dict:
         s = w["steps"]
         return {"sentence_loss": w["sentence"] / s, "hidden_loss": w["hidden"] / s,
-                "relation_loss": w["relations"] / s, "mlm_loss": w["mlm"] / s,
+                "relation_loss": w["relations"] / s, "mlm_loss": w["mlm"] / s, "logit_loss": w["logits"] / s,
                 "cosine": w["cos"] / max(1, w["texts"]), "epoch": self.position.epoch}
 
     def postfix(self, record: dict) -> dict:
@@ -166,10 +173,11 @@ class DistillJob(Job):
     @torch.no_grad()
     def evaluate(self) -> dict:
         """Held-out texts: the student's mean cosine to the teacher's sentence vectors (through its
-        projection) and its sentence loss, in fp32."""
+        projection) and its sentence loss, in fp32; with a classifier teacher, the share of texts
+        whose label the student (through the teacher's head) gives as the teacher does."""
         was = self.model.training
         self.model.eval()
-        device, n, cos, loss = self.procs.device, 0, 0.0, 0.0
+        device, n, cos, loss, same = self.procs.device, 0, 0.0, 0.0, 0
         if self.eval_teacher is None:  # the same held-out texts every time: the teacher runs once
             self.eval_teacher = [self.teacher({k: v.to(device) for k, v in b.items()}, tokens=False, qkv=False).sentence
                                  for b in self.eval_batches]
@@ -179,9 +187,12 @@ class DistillJob(Job):
             vec = self.model.proj.sentence(pool(out.sequence_output, None, b["attention_mask"], "mean"))
             cos += float(torch.nn.functional.cosine_similarity(vec.float(), target, dim=-1).sum())
             loss += float(sentence_losses(vec, target, self.w.sentence_loss).sum())
+            if self.teacher.head is not None:
+                same += int((self.teacher.logits(vec).argmax(-1) == self.teacher.logits(target).argmax(-1)).sum())
             n += len(vec)
         self.model.train(was)
-        return {"eval_cosine": cos / max(1, n), "eval_sentence_loss": loss / max(1, n), "eval_texts": n}
+        agreement = {"eval_agreement": same / max(1, n)} if self.teacher.head is not None else {}
+        return {"eval_cosine": cos / max(1, n), "eval_sentence_loss": loss / max(1, n), "eval_texts": n, **agreement}
 
     def after_step(self, loop: Loop) -> None:
         if self.procs.main and self.eval_batches and (loop.step % self.cfg.eval_every == 0 or loop.last):
@@ -214,7 +225,7 @@ class DistillJob(Job):
     def curves(self) -> list[tuple[str, str]]:
         return [("sentence_loss", "sentence (train)"), ("eval_sentence_loss", "sentence (held out)"),
                 ("hidden_loss", "token states (train)"), ("relation_loss", "attention relations (train)"),
-                ("mlm_loss", "MLM (train)")]
+                ("logit_loss", "the classifier's logits (train)"), ("mlm_loss", "MLM (train)")]
 
     def save_final(self, out: Path, tok, info: dict) -> None:
         """The student alone (its MLM head too where it learned MLM), a sentence-transformers folder

@@ -83,6 +83,9 @@ class PretrainConfig(RunOptions):
                                            "MiniLMv2's (default 0)", exact=True)
     distill_mlm: float = option(0.0, "distill: weight of masked language modelling beside it (default 0)",
                                 exact=True)
+    distill_logits: float = option(0.0, "distill: weight of the class probabilities of a teacher fine-tuned with "
+                                        "`bertkit finetune classify`, through its classifier (default 0)", exact=True)
+    distill_temperature: float = option(1.0, "distill: the temperature of --distill-logits (default 1)", exact=True)
     sentence_loss: str = option("cosine", "distill: cosine (default) or mse between the student's projected "
                                           "sentence vector and the teacher's", choices=SENTENCE_LOSSES, exact=True)
     relation_heads: int = option(12, "distill: relation heads of the attention relations (default 12)", exact=True)
@@ -240,14 +243,24 @@ class PretrainConfig(RunOptions):
                 self.vocab = self.teacher  # the teacher's vocabulary: its embeddings start the student's
         elif self.teacher is not None:
             raise BertkitError(f"--teacher is for --objective distill, not {self.objective}")
-        for name in ("distill_sentence", "distill_hidden", "distill_relations", "distill_mlm"):
+        for name in ("distill_sentence", "distill_hidden", "distill_relations", "distill_mlm", "distill_logits"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise BertkitError(f"{flag(name)} must be a number >= 0, got {value!r}")
         if self.objective == "distill" and not (self.distill_sentence or self.distill_hidden or self.distill_relations
-                                                or self.distill_mlm):
+                                                or self.distill_mlm or self.distill_logits):
             raise BertkitError("every distillation weight is 0: give --distill-sentence, --distill-hidden, "
-                               "--distill-relations or --distill-mlm a weight above 0")
+                               "--distill-relations, --distill-mlm or --distill-logits a weight above 0")
+        t = self.distill_temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0:
+            raise BertkitError(f"--distill-temperature must be a number > 0, got {t!r}")
+        if self.distill_logits and self.objective == "distill":
+            from ..tasks.folder import fine_tuned_task
+            task = fine_tuned_task(self.teacher)
+            if task != "classify":
+                raise BertkitError(f"--distill-logits: --teacher {self.teacher} is "
+                                   + (f"fine-tuned for {task}" if task else "not fine-tuned")
+                                   + "; the logits are a classifier's (`bertkit finetune classify`)")
         if self.student_layers < 0 or (self.student_layers and self.objective != "distill"):
             raise BertkitError(f"--student-layers is a number of the teacher's layers for --teacher, got "
                                f"{self.student_layers}")
