@@ -13,7 +13,11 @@ snippets hold most of rotten-tomatoes' dev and test texts: `--exclude-from` take
 
 Parts (each resumable: every entry of benchmarks/results/distill_value.json names its CPU and date,
 and a rerun skips what is there):
-- `distill`: the students, into runs/distill-value/PRESET-Nm (not in git);
+- `distill`: the students, into runs/distill-value/PRESET-Nm (not in git); with `--task-teacher
+  DATASET`, from MiniLM fine-tuned on that data set's training split (`teacher`), learning its
+  class probabilities beside its sentence vectors (task distillation), into PRESET-Nm-DATASET;
+- `teacher`: MiniLM fine-tuned with the defaults (seed 0) on each data set's training split, into
+  runs/distill-value/minilm-DATASET, its dev and test accuracy recorded;
 - `scratch`: `bertkit pretrain` of the same presets for the same minutes (pretrain_value.py's runs);
 - `adapt`: MiniLM itself pretrained on with MLM on rotten-tomatoes' training texts for the
   minutes, into runs/distill-value/minilm-adapted-Nm (continued, task-adaptive pretraining);
@@ -139,11 +143,45 @@ def _pretrain(name: str, key: str, args: list[str]) -> None:
 
 
 # ---- the students ----
-def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None, more: bool = False) -> None:
-    name = f"{preset}-{minutes}m" + (f"-{variant}" if variant else "")
+def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None, more: bool = False,
+            task_teacher: str | None = None) -> None:
+    """A student of MiniLM; with task_teacher, of MiniLM fine-tuned on that data set, its logits too."""
+    name = f"{preset}-{minutes}m" + (f"-{task_teacher}" if task_teacher else "") + (f"-{variant}" if variant else "")
     held = ",".join(str(pretrain_value.data_dir(d) / f"{s}.jsonl") for d in DATASETS for s in ("dev", "test"))
-    _pretrain(name, f"distill|{name}", ["--teacher", pretrain_value.minilm(), "--model", preset, "--corpus",
-                                        corpus(more), "--exclude-from", held, "--budget", f"{minutes}m", *extra])
+    source = pretrain_value.minilm()
+    if task_teacher:
+        teacher(task_teacher)
+        source = str(teacher_folder(task_teacher))
+        extra = ["--distill-logits", "1", *extra]
+    _pretrain(name, f"distill|{name}", ["--teacher", source, "--model", preset, "--corpus", corpus(more),
+                                        "--exclude-from", held, "--budget", f"{minutes}m", *extra])
+
+
+# ---- task distillation: a fine-tuned teacher ----
+def teacher_folder(dataset: str) -> Path:
+    return RUNS / f"minilm-{dataset}"
+
+
+def teacher(dataset: str) -> None:
+    """MiniLM fine-tuned on the data set's training split (dev keeps the epoch; seed 0), kept as a
+    teacher for task distillation; its test accuracy recorded beside."""
+    out, key = teacher_folder(dataset), f"teacher|minilm-{dataset}"
+    if key in load() and (out / "summary.json").is_file():
+        print(f"{out.name}: done")
+        return
+    task, metric, suffix = pretrain_value.TASK_OF[dataset]
+    data = pretrain_value.data_dir(dataset)
+    t0 = time.perf_counter()
+    if not (out / "summary.json").is_file():  # the run writes it when it completes
+        with open(RUNS / f"{out.name}.log", "a") as f:
+            subprocess.run([BERTKIT, "finetune", task, "--model", pretrain_value.minilm(), "--train",
+                            str(data / f"train.{suffix}"), "--eval", str(data / f"dev.{suffix}"), "--out", str(out),
+                            "--seed", "0", *(["--resume"] if out.exists() else [])],
+                           check=True, stdout=f, stderr=subprocess.STDOUT)
+    summary = json.loads((out / "summary.json").read_text())
+    test = pretrain_value.evaluate_folder(task, out, data / f"test.{suffix}")
+    record(key, {"dev": summary["best_metrics"][metric], "test": test[metric], "seconds": time.perf_counter() - t0})
+    print(f"{key}: dev {summary['best_metrics'][metric]:.4f} test {test[metric]:.4f}", flush=True)
 
 
 # ---- continued pretraining of the teacher itself ----
@@ -308,7 +346,7 @@ def report() -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["distill", "scratch", "adapt", "value", "probe", "speed", "report"])
+    ap.add_argument("part", choices=["teacher", "distill", "scratch", "adapt", "value", "probe", "speed", "report"])
     ap.add_argument("--presets", nargs="+", default=["tiny", "mini"])
     ap.add_argument("--minutes", nargs="+", type=int, default=[10, 30, 60])
     ap.add_argument("--models", nargs="+", help="default: every student and scratch run there is, and minilm")
@@ -318,16 +356,20 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--variant", help="distill: a name for a run with other --distill-args (PRESET-Nm-VARIANT)")
     ap.add_argument("--more-text", action="store_true", help="distill: add the packages' text to the corpus")
+    ap.add_argument("--task-teacher", choices=DATASETS, help="distill: from MiniLM fine-tuned on this data set")
     ap.add_argument("--distill-args", nargs=argparse.REMAINDER, default=[],
                     help="more `bertkit pretrain` flags for the students")
     args = ap.parse_args()
     runs = [f"{p}-{m}m" for p in args.presets for m in args.minutes]
     adapted = [f"minilm-adapted-{m}m" for m in args.minutes if (RUNS / f"minilm-adapted-{m}m" / "summary.json").is_file()]
     models = args.models or [*runs, *[f"scratch-{r}" for r in runs], "minilm", *adapted]
-    if args.part == "distill":
+    if args.part == "teacher":
+        for d in args.data:
+            teacher(d)
+    elif args.part == "distill":
         for p in args.presets:
             for m in args.minutes:
-                distill(p, m, args.distill_args, args.variant, args.more_text)
+                distill(p, m, args.distill_args, args.variant, args.more_text, args.task_teacher)
     elif args.part == "adapt":
         for m in args.minutes:
             adapt(m)

@@ -3,6 +3,7 @@ start from the teacher's embeddings, the teacher's kept vectors against fresh on
 after SIGKILL, two processes against one, and the student folder in transformers."""
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -158,16 +159,20 @@ def test_a_teacher_makes_the_objective_distill_and_bad_choices_are_refused(tmp_p
         PretrainConfig(corpus=str(corpus), out=str(tmp_path / "e"), objective="distill")
 
 
-def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpus, teacher, classifier):
+def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpus, teacher, classifier, capsys):
     """--distill-logits: a teacher fine-tuned for classify gives the vector its classifier reads
     and the classifier's logits (those `bertkit predict` turns into scores); the student learns them
     through the teacher's head, and the held-out figures say how often it gives the teacher's label."""
     from bertkit.pretraining.distill_job import text_batches
     from bertkit.pretraining.shards import TokenStore
     from bertkit.tasks.folder import load_task_model
+    from bertkit.pretraining.report import print_report
     out = tmp_path / "s"
-    summary = pretrain(_cfg(corpus, classifier, out, steps=12, distill_sentence=0.0, distill_logits=1.0,
-                            distill_temperature=2.0, lr=3e-3))
+    run_cfg = _cfg(corpus, classifier, out, steps=12, distill_sentence=0.0, distill_logits=1.0,
+                   distill_temperature=2.0, lr=3e-3)
+    summary = pretrain(run_cfg)
+    print_report(run_cfg, summary)
+    assert re.search(r"logits \d\.\d{4}\).*\n.*the teacher's label given \d\.\d{3}", capsys.readouterr().out)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     assert all(r["logit_loss"] > 0 and r["sentence_loss"] == 0 for r in train)

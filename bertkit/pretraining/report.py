@@ -55,12 +55,14 @@ def print_report(cfg: PretrainConfig, summary: dict) -> None:
 
 
 def _print_distill(cfg: PretrainConfig, summary: dict, train: dict, ev: dict | None) -> None:
-    print(f"  train: loss {train['loss']:.4f} (sentence {train['sentence_loss']:.4f}), cosine to the teacher's "
+    logits = f", logits {train['logit_loss']:.4f}" if cfg.distill_logits else ""
+    print(f"  train: loss {train['loss']:.4f} (sentence {train['sentence_loss']:.4f}{logits}), cosine to the teacher's "
           f"sentence vectors {train['cosine']:.3f}; {summary['pairs_per_s']:.0f} texts/s over "
           f"{summary['elapsed_s']:.0f} s")
     if ev:
         print(f"  held out: cosine to the teacher's sentence vectors {ev['eval_cosine']:.3f} over {ev['eval_texts']} "
-              f"texts (through the projection to the teacher's width)")
+              f"texts (through the projection to the teacher's width)"
+              + (f"; the teacher's label given {ev['eval_agreement']:.3f}" if "eval_agreement" in ev else ""))
 
 
 def write_samples(cfg: PretrainConfig, summary: dict) -> None:
