@@ -152,7 +152,7 @@ def distill(preset: str, minutes: int, extra: list[str], variant: str | None = N
     if task_teacher:
         teacher(task_teacher)
         source = str(teacher_folder(task_teacher))
-        extra = ["--distill-logits", "1", *extra]
+        extra = [*([] if "--distill-logits" in extra else ["--distill-logits", "1"]), *extra]
     _pretrain(name, f"distill|{name}", ["--teacher", source, "--model", preset, "--corpus", corpus(more),
                                         "--exclude-from", held, "--budget", f"{minutes}m", *extra])
 
