@@ -22,6 +22,7 @@ and a rerun skips what is there):
 - `adapt`: MiniLM itself pretrained on with MLM on rotten-tomatoes' training texts for the
   minutes, into runs/distill-value/minilm-adapted-Nm (continued, task-adaptive pretraining);
 - `value`: each model fine-tuned with the defaults, accuracy on dev (the epoch kept) and test;
+- `classifier`: a task-distilled student as the teacher's classifier, without fine-tuning;
 - `probe`: logistic regression (scikit-learn) on each model's frozen sentence vectors,
   rotten-tomatoes train -> test; model2vec's beside them (benchmarks/model2vec_vectors.py, in
   .venv-model2vec); word counts;
@@ -79,10 +80,10 @@ def record(key: str, entry: dict) -> None:
         RESULTS.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
 
 
-def corpus(more: bool = False) -> str:
-    """Wikipedia, then the two tasks' training texts (training-only: held-out documents come from
+def corpus(more: bool = False, tasks: list[str] = DATASETS) -> str:
+    """Wikipedia, then the tasks' training texts (training-only: held-out documents come from
     wiki), then with more the packages' text."""
-    parts = [str(pretrain_value.data_dir(d) / "train.jsonl") for d in DATASETS]
+    parts = [str(pretrain_value.data_dir(d) / "train.jsonl") for d in tasks]
     return "+".join(["wiki", *parts, *([str(more_text())] if more else [])])
 
 
@@ -144,8 +145,10 @@ def _pretrain(name: str, key: str, args: list[str]) -> None:
 
 # ---- the students ----
 def distill(preset: str, minutes: int, extra: list[str], variant: str | None = None, more: bool = False,
-            task_teacher: str | None = None) -> None:
-    """A student of MiniLM; with task_teacher, of MiniLM fine-tuned on that data set, its logits too."""
+            task_teacher: str | None = None, tasks: list[str] = DATASETS) -> None:
+    """A student of MiniLM; with task_teacher, of MiniLM fine-tuned on that data set, its logits too.
+    tasks: the data sets whose training texts join the corpus (without rotten-tomatoes' and the
+    packages' text, a student the folds can test: the folds' test reviews include its training ones)."""
     name = f"{preset}-{minutes}m" + (f"-{task_teacher}" if task_teacher else "") + (f"-{variant}" if variant else "")
     held = ",".join(str(pretrain_value.data_dir(d) / f"{s}.jsonl") for d in DATASETS for s in ("dev", "test"))
     source = pretrain_value.minilm()
@@ -153,7 +156,7 @@ def distill(preset: str, minutes: int, extra: list[str], variant: str | None = N
         teacher(task_teacher)
         source = str(teacher_folder(task_teacher))
         extra = [*([] if "--distill-logits" in extra else ["--distill-logits", "1"]), *extra]
-    _pretrain(name, f"distill|{name}", ["--teacher", source, "--model", preset, "--corpus", corpus(more),
+    _pretrain(name, f"distill|{name}", ["--teacher", source, "--model", preset, "--corpus", corpus(more, tasks),
                                         "--exclude-from", held, "--budget", f"{minutes}m", *extra])
 
 
@@ -215,15 +218,51 @@ def value(models: list[str], datasets: list[str], seeds: list[int]) -> None:
 
 
 # ---- frozen vectors ----
-def _texts_labels(split: str) -> tuple[list[str], list[str]]:
+def _texts_labels(split: str, dataset: str = "rotten-tomatoes") -> tuple[list[str], list[str]]:
     from bertkit.data.readers import read_classify
-    rows = read_classify(pretrain_value.data_dir("rotten-tomatoes") / f"{split}.jsonl")
+    rows = read_classify(pretrain_value.data_dir(dataset) / f"{split}.jsonl")
     return [r["text"] for r in rows], [str(r["label"]) for r in rows]
 
 
 def _logreg(train_x, train_y, test_x, test_y) -> float:
     from sklearn.linear_model import LogisticRegression
     return float(LogisticRegression(max_iter=3000).fit(train_x, train_y).score(test_x, test_y))
+
+
+def as_classifier(models: list[str]) -> None:
+    """A task-distilled student used as it left distillation, without fine-tuning: its mean vector
+    through its projection (from its last checkpoint) and the teacher's own classifier, on the
+    teacher's data set's test split; the share it labels as the teacher does beside."""
+    import torch
+
+    from bertkit.folders import load_model
+    from bertkit.pooling import pool
+    from bertkit.pretraining import distill as d
+    from bertkit.tokenizer import load_tokenizer
+    for model in models:
+        info = json.loads((Path(folder(model)) / "bertkit.json").read_text())
+        dataset = next((ds for ds in DATASETS if Path(info.get("teacher", "")) == teacher_folder(ds)), None)
+        key = f"classifier|{model}"
+        if dataset is None or key in load():
+            continue
+        run, teach = Path(folder(model)), d.Teacher(teacher_folder(dataset), "cpu")
+        bert = load_model(run, heads=False, quiet=True)[0].eval()
+        proj = d.Projections(bert.config.hidden_size, teach.config.hidden_size)
+        d.load_projections(proj, sorted((run / "checkpoints").iterdir())[-1])
+        tok = load_tokenizer(run)
+        texts, labels = _texts_labels("test", dataset)
+        right = same = 0
+        with torch.no_grad():
+            for i in range(0, len(texts), 128):
+                batch = tok.encode(texts[i:i + 128], max_len=128).model_inputs()
+                out = bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+                student = teach.logits(proj.sentence(pool(out.sequence_output, None, batch["attention_mask"],
+                                                          "mean"))).argmax(-1)
+                right += sum(teach.labels[j] == y for j, y in zip(student.tolist(), labels[i:i + 128]))
+                same += int((student == teach(batch, False, False).logits.argmax(-1)).sum())
+        entry = {"dataset": dataset, "test": right / len(texts), "agreement": same / len(texts)}
+        print(f"{key}: {dataset} test {entry['test']:.4f}, the teacher's label {entry['agreement']:.4f}", flush=True)
+        record(key, entry)
 
 
 def probe(models: list[str]) -> None:
@@ -301,25 +340,38 @@ def _speeds(results: dict) -> dict[str, dict]:
             if m in same_run or _architecture(m) in by_shape}
 
 
+def _folds(results: dict, prefix: str) -> str:
+    """The mean test accuracy over rotten-tomatoes' folds (seed 0 each), where every fold ran."""
+    tests = [results.get(f"{prefix}{fold}|0", {}).get("test") for fold in pretrain_value.CV_FOLDS]
+    return "-" if None in tests else f"{statistics.mean(tests):.3f}"
+
+
 def report() -> None:
     results = load()
     # MiniLM's own fine-tuning runs are pretrain_value.py's (the same defaults and seeds)
     minilm = {k.replace("|defaults|", "|"): e for k, e in pretrain_value.load().items()
               if k.startswith("finetune|minilm|") and "|defaults|" in k}
-    results = {**minilm, **results}
+    words = {k.replace("logreg|", "finetune|word-counts|") + "|0": e for k, e in pretrain_value.load().items()
+             if k.startswith("logreg|rotten-tomatoes-fold")}
+    results = {**minilm, **words, **results}
     speeds = _speeds(results)
     models = sorted({k.split("|")[1] for k in results if k.startswith(("finetune|", "probe|", "speed|"))})
-    print("| model | rotten-tomatoes test | tweets test | probe (RT test) | texts/s | x MiniLM |")
-    print("|---|---|---|---|---|---|")
+    print("| model | rotten-tomatoes test | tweets test | RT folds (mean) | probe (RT test) | texts/s | x MiniLM |")
+    print("|---|---|---|---|---|---|---|")
     points = []
     for m in models:
         acc = {d: [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{d}|")] for d in DATASETS}
         pr, sp = results.get(f"probe|{m}", {}).get("test"), speeds.get(m) or {}
-        print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | "
+        folds = _folds(results, f"finetune|{m}|")
+        print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | {folds} | "
               f"{'-' if pr is None else f'{pr:.3f}'} | {sp.get('texts_per_s', 0):.0f} | "
               f"{sp.get('vs_minilm') or 0:.1f}x |")
         if acc["rotten-tomatoes"] and sp:
             points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
+    for k, e in sorted(results.items()):
+        if k.startswith("classifier|"):
+            print(f"{k.split('|')[1]} as the teacher's classifier, not fine-tuned: {e['dataset']} test "
+                  f"{e['test']:.3f}, the teacher's label on {e['agreement']:.3f} of its texts")
     if points:
         fig, ax = figure(figsize=(7, 4.5))
         for x in sorted({x for _, x, _ in points}):
@@ -346,7 +398,8 @@ def report() -> None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("part", choices=["teacher", "distill", "scratch", "adapt", "value", "probe", "speed", "report"])
+    ap.add_argument("part", choices=["teacher", "distill", "scratch", "adapt", "value", "classifier", "probe", "speed",
+                                     "report"])
     ap.add_argument("--presets", nargs="+", default=["tiny", "mini"])
     ap.add_argument("--minutes", nargs="+", type=int, default=[10, 30, 60])
     ap.add_argument("--models", nargs="+", help="default: every student and scratch run there is, and minilm")
@@ -357,6 +410,8 @@ def main():
     ap.add_argument("--variant", help="distill: a name for a run with other --distill-args (PRESET-Nm-VARIANT)")
     ap.add_argument("--more-text", action="store_true", help="distill: add the packages' text to the corpus")
     ap.add_argument("--task-teacher", choices=DATASETS, help="distill: from MiniLM fine-tuned on this data set")
+    ap.add_argument("--corpus-tasks", nargs="*", choices=DATASETS, default=DATASETS,
+                    help="distill: the data sets whose training texts join the corpus (default both)")
     ap.add_argument("--distill-args", nargs=argparse.REMAINDER, default=[],
                     help="more `bertkit pretrain` flags for the students")
     args = ap.parse_args()
@@ -369,7 +424,7 @@ def main():
     elif args.part == "distill":
         for p in args.presets:
             for m in args.minutes:
-                distill(p, m, args.distill_args, args.variant, args.more_text, args.task_teacher)
+                distill(p, m, args.distill_args, args.variant, args.more_text, args.task_teacher, args.corpus_tasks)
     elif args.part == "adapt":
         for m in args.minutes:
             adapt(m)
@@ -379,6 +434,8 @@ def main():
                 pretrain_value.pretrain(p, m, [])
     elif args.part == "value":
         value(models, args.data, args.seeds)
+    elif args.part == "classifier":
+        as_classifier(models)
     elif args.part == "probe":
         probe(models)
     elif args.part == "speed":

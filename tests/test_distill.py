@@ -109,24 +109,29 @@ def teacher(tmp_path_factory, tiny_bert_factory, vocab):
     return path
 
 
-@pytest.fixture(scope="module")
-def classifier(tmp_path_factory, teacher):
-    """The tiny teacher as a folder fine-tuned for classify (three labels, on the mean, an MLP head),
-    as `bertkit finetune classify` saves one: a teacher of logits."""
+def _classifier_folder(teacher, path, head: str):
+    """The tiny teacher as a folder fine-tuned for classify (three labels, on the mean), as
+    `bertkit finetune classify` saves one."""
     from bertkit.folders import load_model
     from bertkit.tasks.base import TaskModel
     from bertkit.tasks.classify import ClassifyTask
     from bertkit.tasks.folder import save_task_model
     from bertkit.tokenizer import WordPieceTokenizer
-    task = ClassifyTask({"labels": ["negative", "neutral", "positive"], "pooling": "mean", "head": "mlp"})
+    task = ClassifyTask({"labels": ["negative", "neutral", "positive"], "pooling": "mean", "head": head,
+                         "inputs": "texts", "max_len": 64})
     bert, _ = load_model(teacher, heads=False)
     torch.manual_seed(5)
     model = TaskModel(bert, task.head(bert.config, bert))
     with torch.no_grad():
         model.head.classifier.weight.mul_(20)  # logits far enough apart for the student to learn
-    path = tmp_path_factory.mktemp("classifier")
     save_task_model(model, task, WordPieceTokenizer.from_folder(teacher), path)
     return path
+
+
+@pytest.fixture(scope="module")
+def classifier(tmp_path_factory, teacher):
+    """A teacher of logits: a linear classifier on the mean."""
+    return _classifier_folder(teacher, tmp_path_factory.mktemp("classifier"), "linear")
 
 
 @pytest.fixture(scope="module")
@@ -162,11 +167,14 @@ def test_a_teacher_makes_the_objective_distill_and_bad_choices_are_refused(tmp_p
 def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpus, teacher, classifier, capsys):
     """--distill-logits: a teacher fine-tuned for classify gives the vector its classifier reads
     and the classifier's logits (those `bertkit predict` turns into scores); the student learns them
-    through the teacher's head, and the held-out figures say how often it gives the teacher's label."""
+    through the teacher's head, the held-out figures say how often it gives the teacher's label, and
+    OUT/classifier is the student as that classifier."""
+    from bertkit.folders import load_model
+    from bertkit.pooling import pool
     from bertkit.pretraining.distill_job import text_batches
+    from bertkit.pretraining.report import print_report
     from bertkit.pretraining.shards import TokenStore
     from bertkit.tasks.folder import load_task_model
-    from bertkit.pretraining.report import print_report
     out = tmp_path / "s"
     run_cfg = _cfg(corpus, classifier, out, steps=12, distill_sentence=0.0, distill_logits=1.0,
                    distill_temperature=2.0, lr=3e-3)
@@ -191,6 +199,21 @@ def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpu
                           distill_temperature=2.0, lr=3e-3, teacher_cache=False))
     assert fresh["final_eval"]["eval_agreement"] == summary["final_eval"]["eval_agreement"]
     assert fresh["final_eval"]["eval_cosine"] == pytest.approx(summary["final_eval"]["eval_cosine"], rel=1e-4)
+    # OUT/classifier: the student as the teacher's classifier, one linear layer where the projection and
+    # the teacher's classifier were two; predict gives what the student gave through them
+    ctask, cmodel, ctok = load_task_model(out / "classifier")
+    assert ctask.info["labels"] == t.labels and ctask.info["pooling"] == "mean" and ctok.vocab_size == tok.vocab_size
+    student = load_model(out, heads=False)[0].eval()
+    proj = distill.Projections(student.config.hidden_size, t.config.hidden_size)
+    distill.load_projections(proj, sorted((out / "checkpoints").iterdir())[-1])
+    with torch.no_grad():
+        vec = pool(student(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).sequence_output,
+                   None, batch["attention_mask"], "mean")
+        _, got = ctask.forward(cmodel, {**batch, "labels": torch.full((8,), -100)})
+    torch.testing.assert_close(got, t.logits(proj.sentence(vec)).softmax(-1), rtol=1e-5, atol=1e-6)
+    assert not distill.save_classifier(student, proj, distill.Teacher(
+        _classifier_folder(teacher, tmp_path / "mlp", "mlp"), "cpu"), ctok, tmp_path / "m", 48)  # an MLP head
+    assert not (tmp_path / "m" / "classifier").exists()
     with pytest.raises(BertkitError, match=r"--distill-logits: --teacher .* is not fine-tuned; the logits are a "
                                            r"classifier's"):
         _cfg(corpus, teacher, tmp_path / "x", distill_logits=1.0)

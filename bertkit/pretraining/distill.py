@@ -124,7 +124,8 @@ class Teacher:
         if fine_tuned_task(folder) == "classify":
             task, model, _ = load_task_model(folder, device="cpu")
             self.bert, self.head = model.bert, model.head.eval().requires_grad_(False).to(device)
-            self.labels, self.pooling, self.normalize = list(task.info["labels"]), task.info["pooling"], False
+            self.task_info, self.pooling, self.normalize = dict(task.info), task.info["pooling"], False
+            self.labels = list(task.info["labels"])
         else:
             self.bert, _ = load_model(folder, heads=False, quiet=True)
             self.pooling, self.normalize = folder_pooling(folder) or "cls", folder_normalize(folder)
@@ -293,6 +294,28 @@ def copy_sentence_transformers(teacher: Path, out: Path, width: int, max_len: in
                                                              indent=2) + "\n")
     if (teacher / "config_sentence_transformers.json").is_file():
         copy_into(teacher / "config_sentence_transformers.json", out / "config_sentence_transformers.json")
+    return True
+
+
+def save_classifier(bert: BertModel, proj: Projections, teacher: Teacher, tok, out: Path, max_len: int) -> bool:
+    """OUT/classifier: the student as the teacher's classifier, as it learned the logits (its mean
+    vector, the projection, the teacher's linear classifier: one linear layer of the student's
+    width), a folder fine-tuned for classify that predict, evaluate, serve and export take. An MLP
+    head (`--head mlp`) does not compose into bertkit's: returns False and writes nothing."""
+    if teacher.head is None or teacher.head.hidden is not None:
+        return False
+    from ..tasks import get_task
+    from ..tasks.base import TaskModel
+    from ..tasks.folder import save_task_model
+    task = get_task("classify")({**teacher.task_info, "pooling": "mean", "head": "linear", "max_len": max_len,
+                                 "base_model": str(teacher.folder)})
+    model = TaskModel(bert, task.head(bert.config, bert))
+    wc, bc = teacher.head.classifier.weight.detach().float(), teacher.head.classifier.bias.detach().float()
+    wp, bp = proj.sentence.weight.detach().float(), proj.sentence.bias.detach().float()
+    with torch.no_grad():
+        model.head.classifier.weight.copy_(wc @ wp)                               # (C, Hs)
+        model.head.classifier.bias.copy_(wc @ bp + bc)
+    save_task_model(model, task, tok, out / "classifier")
     return True
 
 

@@ -26,6 +26,7 @@ from .distill import (
     Weights,
     copy_sentence_transformers,
     load_projections,
+    save_classifier,
     save_projections,
     sentence_losses,
 )
@@ -229,11 +230,15 @@ class DistillJob(Job):
 
     def save_final(self, out: Path, tok, info: dict) -> None:
         """The student alone (its MLM head too where it learned MLM), a sentence-transformers folder
-        pooled as it learned (mean) where the teacher's folder is one."""
+        pooled as it learned (mean) where the teacher's folder is one; where it learned a
+        classifier's logits, also as that classifier in OUT/classifier."""
         info = {**info, "teacher": str(self.cfg.teacher)}
         model = self.model.model if self.w.mlm else self.model.model.bert
         save_model(model, out, tokenizer=tok, bertkit_info=info)
         copy_sentence_transformers(Path(self.cfg.teacher), out, model.config.hidden_size, self.cfg.max_len)
+        if self.w.logits and save_classifier(self.model.model.bert, self.model.proj, self.teacher, tok, out,
+                                             self.cfg.max_len):
+            self.log(f"the student as the teacher's classifier, without fine-tuning: {out / 'classifier'}")
 
 
 def load_weights(student: Student, ckpt: Path) -> None:
