@@ -199,6 +199,11 @@ def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpu
                           distill_temperature=2.0, lr=3e-3, teacher_cache=False))
     assert fresh["final_eval"]["eval_agreement"] == summary["final_eval"]["eval_agreement"]
     assert fresh["final_eval"]["eval_cosine"] == pytest.approx(summary["final_eval"]["eval_cosine"], rel=1e-4)
+    # the student pools as it learned, the mean (not normalised: the classifier's vectors are not)
+    from bertkit.pooling import folder_normalize, folder_pooling
+    assert folder_pooling(out) == "mean" and not folder_normalize(out)
+    assert [m["type"].rsplit(".", 1)[-1] for m in json.loads((out / "modules.json").read_text())] == [
+        "Transformer", "Pooling"]
     # OUT/classifier: the student as the teacher's classifier, one linear layer where the projection and
     # the teacher's classifier were two; predict gives what the student gave through them
     ctask, cmodel, ctok = load_task_model(out / "classifier")

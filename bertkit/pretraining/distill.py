@@ -269,32 +269,27 @@ def load_projections(proj: Projections, folder: Path) -> None:
     proj.load_state_dict(load_file(str(folder / HEAD_FILE)))
 
 
-def copy_sentence_transformers(teacher: Path, out: Path, width: int, max_len: int) -> bool:
-    """Make the student's folder a sentence-transformers one, pooled as it was trained (mean,
-    normalised where the teacher's was), where the teacher's folder is one with nothing past a
-    Pooling and a Normalize module. Returns whether it did."""
-    modules = folder_modules(teacher)
-    kinds = [str(m.get("type", "")).rsplit(".", 1)[-1] for m in modules]
-    if not modules or not set(kinds) <= {"Transformer", "Pooling", "Normalize"} or "Pooling" not in kinds:
-        return False
-    written = []
-    for m, kind in zip(modules, kinds):
-        entry = {k: m[k] for k in ("idx", "name", "path", "type") if k in m}
-        if kind == "Pooling":
-            (out / m["path"]).mkdir(parents=True, exist_ok=True)
-            cfg = {"word_embedding_dimension": width, "pooling_mode_cls_token": False,
-                   "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
-                   "pooling_mode_mean_sqrt_len_tokens": False}
-            write_file(out / m["path"] / "config.json", json.dumps(cfg, indent=2) + "\n")
-        elif kind == "Normalize" and m.get("path"):
-            (out / m["path"]).mkdir(parents=True, exist_ok=True)
-        written.append(entry)
-    write_file(out / "modules.json", json.dumps(written, indent=2) + "\n")
+def write_sentence_transformers(teacher: Path, out: Path, width: int, max_len: int) -> None:
+    """Make the student's folder a sentence-transformers one pooled as it learned: the mean of its
+    last layer, whatever the teacher pools (the student's mean is what went through the projection
+    to the teacher's vector), normalised where the teacher's pipeline normalises. Without it
+    encode and fine-tuning would read [CLS] or the tanh pooler, which distillation never trained."""
+    kinds = {str(m.get("type", "")).rsplit(".", 1)[-1] for m in folder_modules(teacher)}
+    modules = [("", "Transformer"), ("1_Pooling", "Pooling"), *([("2_Normalize", "Normalize")] if "Normalize" in kinds
+                                                               else [])]
+    write_file(out / "modules.json", json.dumps([{"idx": i, "name": str(i), "path": path,
+                                                  "type": f"sentence_transformers.models.{kind}"}
+                                                 for i, (path, kind) in enumerate(modules)], indent=2) + "\n")
+    (out / "1_Pooling").mkdir(parents=True, exist_ok=True)
+    pooling = {"word_embedding_dimension": width, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
+               "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False}
+    write_file(out / "1_Pooling" / "config.json", json.dumps(pooling, indent=2) + "\n")
+    if "Normalize" in kinds:
+        (out / "2_Normalize").mkdir(exist_ok=True)
     write_file(out / "sentence_bert_config.json", json.dumps({"max_seq_length": max_len, "do_lower_case": False},
                                                              indent=2) + "\n")
     if (teacher / "config_sentence_transformers.json").is_file():
         copy_into(teacher / "config_sentence_transformers.json", out / "config_sentence_transformers.json")
-    return True
 
 
 def save_classifier(bert: BertModel, proj: Projections, teacher: Teacher, tok, out: Path, max_len: int) -> bool:

@@ -24,11 +24,11 @@ from .distill import (
     TeacherCache,
     TeacherOutput,
     Weights,
-    copy_sentence_transformers,
     load_projections,
     save_classifier,
     save_projections,
     sentence_losses,
+    write_sentence_transformers,
 )
 from .masking import MaskingConfig
 from .recipes import PretrainConfig
@@ -230,12 +230,12 @@ class DistillJob(Job):
 
     def save_final(self, out: Path, tok, info: dict) -> None:
         """The student alone (its MLM head too where it learned MLM), a sentence-transformers folder
-        pooled as it learned (mean) where the teacher's folder is one; where it learned a
-        classifier's logits, also as that classifier in OUT/classifier."""
+        pooled as it learned (the mean, normalised where the teacher's folder normalises); where it
+        learned a classifier's logits, also as that classifier in OUT/classifier."""
         info = {**info, "teacher": str(self.cfg.teacher)}
         model = self.model.model if self.w.mlm else self.model.model.bert
         save_model(model, out, tokenizer=tok, bertkit_info=info)
-        copy_sentence_transformers(Path(self.cfg.teacher), out, model.config.hidden_size, self.cfg.max_len)
+        write_sentence_transformers(Path(self.cfg.teacher), out, model.config.hidden_size, self.cfg.max_len)
         if self.w.logits and save_classifier(self.model.model.bert, self.model.proj, self.teacher, tok, out,
                                              self.cfg.max_len):
             self.log(f"the student as the teacher's classifier, without fine-tuning: {out / 'classifier'}")
