@@ -364,8 +364,8 @@ def report() -> None:
         pr, sp = results.get(f"probe|{m}", {}).get("test"), speeds.get(m) or {}
         folds = _folds(results, f"finetune|{m}|")
         print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | {folds} | "
-              f"{'-' if pr is None else f'{pr:.3f}'} | {sp.get('texts_per_s', 0):.0f} | "
-              f"{sp.get('vs_minilm') or 0:.1f}x |")
+              f"{'-' if pr is None else f'{pr:.3f}'} | {f'{sp['texts_per_s']:,.0f}' if sp else '-'} | "
+              f"{f'{sp['vs_minilm']:.1f}x' if sp.get('vs_minilm') else '-'} |")
         if acc["rotten-tomatoes"] and sp:
             points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
     for k, e in sorted(results.items()):
