@@ -363,9 +363,10 @@ def report() -> None:
         acc = {d: [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{d}|")] for d in DATASETS}
         pr, sp = results.get(f"probe|{m}", {}).get("test"), speeds.get(m) or {}
         folds = _folds(results, f"finetune|{m}|")
+        rate = f"{sp['texts_per_s']:,.0f}" if sp else "-"
+        ratio = f"{sp['vs_minilm']:.1f}x" if sp.get("vs_minilm") else "-"
         print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | {folds} | "
-              f"{'-' if pr is None else f'{pr:.3f}'} | {f'{sp['texts_per_s']:,.0f}' if sp else '-'} | "
-              f"{f'{sp['vs_minilm']:.1f}x' if sp.get('vs_minilm') else '-'} |")
+              f"{'-' if pr is None else f'{pr:.3f}'} | {rate} | {ratio} |")
         if acc["rotten-tomatoes"] and sp:
             points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
     for k, e in sorted(results.items()):
