@@ -379,7 +379,10 @@ def report() -> None:
             # models of one shape share an x: one label for them, each name with its accuracy, highest first
             group = sorted(((y, m) for m, x2, y in points if x2 == x), reverse=True)
             ax.scatter([x] * len(group), [y for y, _ in group], color="tab:blue")
-            ax.annotate("\n".join(f"{m} {y:.3f}" for y, m in group), (x, group[0][0]), fontsize=8, xytext=(8, 5),
+            lines = [f"{m} {y:.3f}" for y, m in group[:2]]
+            if len(group) > 2:  # the rest of a crowded shape in one line, down to its lowest
+                lines.append(f"and {len(group) - 2} more, down to {group[-1][0]:.3f}")
+            ax.annotate("\n".join(lines), (x, group[0][0]), fontsize=8, xytext=(8, 5),
                         textcoords="offset points", va="top")
         if (words := results.get("probe|word-counts", {}).get("test")) is not None:
             ax.axhline(words, color="grey", linestyle="--", linewidth=1)
