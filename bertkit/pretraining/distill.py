@@ -41,7 +41,9 @@ from ..files import atomic_write, copy_into, write_file
 from ..folders import load_model
 from ..model import BertForPreTraining, BertModel, Linear, init_weights
 from ..pooling import folder_modules, folder_normalize, folder_pooling, pool
-from ..tasks.folder import fine_tuned_task, load_task_model
+from ..tasks import get_task
+from ..tasks.base import TaskModel
+from ..tasks.folder import fine_tuned_task, load_task_model, save_task_model
 
 SENTENCE_LOSSES = ("cosine", "mse")
 RELATION_HEADS = 12  # MiniLMv2's relation heads for models of 384 to 768 wide
@@ -275,8 +277,9 @@ def write_sentence_transformers(teacher: Path, out: Path, width: int, max_len: i
     to the teacher's vector), normalised where the teacher's pipeline normalises. Without it
     encode and fine-tuning would read [CLS] or the tanh pooler, which distillation never trained."""
     kinds = {str(m.get("type", "")).rsplit(".", 1)[-1] for m in folder_modules(teacher)}
-    modules = [("", "Transformer"), ("1_Pooling", "Pooling"), *([("2_Normalize", "Normalize")] if "Normalize" in kinds
-                                                               else [])]
+    modules = [("", "Transformer"), ("1_Pooling", "Pooling")]
+    if "Normalize" in kinds:
+        modules.append(("2_Normalize", "Normalize"))
     write_file(out / "modules.json", json.dumps([{"idx": i, "name": str(i), "path": path,
                                                   "type": f"sentence_transformers.models.{kind}"}
                                                  for i, (path, kind) in enumerate(modules)], indent=2) + "\n")
@@ -299,9 +302,6 @@ def save_classifier(bert: BertModel, proj: Projections, teacher: Teacher, tok, o
     head (`--head mlp`) does not compose into bertkit's: returns False and writes nothing."""
     if teacher.head is None or teacher.head.hidden is not None:
         return False
-    from ..tasks import get_task
-    from ..tasks.base import TaskModel
-    from ..tasks.folder import save_task_model
     task = get_task("classify")({**teacher.task_info, "pooling": "mean", "head": "linear", "max_len": max_len,
                                  "base_model": str(teacher.folder)})
     model = TaskModel(bert, task.head(bert.config, bert))
