@@ -194,6 +194,10 @@ def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpu
     _, batch = next(text_batches(cfg, TokenStore(out / "data" / "shards" / "train"), tok, 0, 8).iterate())
     _, probs = task.forward(model, {**batch, "labels": torch.full((8,), -100)})
     torch.testing.assert_close(t(batch, False, False).logits.softmax(-1), probs, rtol=1e-5, atol=1e-6)
+    vectors = t(batch, False, False).sentence
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the steps' autocast: kept and fresh logits alike in fp32
+        under = t.logits(vectors)
+    assert under.dtype == torch.float32 and torch.equal(under, t.logits(vectors))
     # kept vectors give the same logits: the run with the cache follows the one without
     fresh = pretrain(_cfg(corpus, classifier, tmp_path / "fresh", steps=12, distill_sentence=0.0, distill_logits=1.0,
                           distill_temperature=2.0, lr=3e-3, teacher_cache=False))

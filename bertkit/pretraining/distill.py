@@ -146,8 +146,12 @@ class Teacher:
 
     @torch.no_grad()
     def logits(self, vec: torch.Tensor) -> torch.Tensor | None:
-        """(B, C) the classifier's logits of sentence vectors (B, Ht), or None: not a classifier."""
-        return None if self.head is None else self.head(vec.to(next(self.head.parameters()).dtype)).float()
+        """(B, C) the classifier's logits of sentence vectors (B, Ht), or None: not a classifier.
+        Always in fp32, under autocast too, so that logits of kept vectors equal fresh ones."""
+        if self.head is None:
+            return None
+        with torch.autocast(vec.device.type, enabled=False):
+            return self.head(vec.float()).float()
 
 
 class Projections(nn.Module):

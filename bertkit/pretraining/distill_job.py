@@ -108,22 +108,19 @@ class DistillJob(Job):
         cached = self.cache.get(ids) if self.cache is not None else None
         if cached is not None:
             vec = cached.to(self.procs.device)
-            return {"t_sentence": vec, **self._logits(vec)}
+            return {"t_sentence": vec, **({"t_logits": self.teacher.logits(vec)} if self.w.logits else {})}
         with self.autocast:
             t = self.teacher(batch, tokens=bool(self.w.hidden), qkv=bool(self.w.relations))
         if self.cache is not None:
             self.cache.put(ids, t.sentence)
-        out = {"t_sentence": t.sentence, **self._logits(t.sentence)}
+        out = {"t_sentence": t.sentence}
+        if self.w.logits:
+            out["t_logits"] = t.logits
         if t.hidden is not None:
             out["t_hidden"] = t.hidden
         if t.qkv is not None:
             out.update(zip(("t_q", "t_k", "t_v"), t.qkv))
         return out
-
-    def _logits(self, vec: torch.Tensor) -> dict:
-        """The classifier's logits of the teacher's sentence vectors (kept or fresh: the head is
-        cheap and always runs in fp32), where that signal is asked for."""
-        return {"t_logits": self.teacher.logits(vec)} if self.w.logits else {}
 
     @staticmethod
     def _teacher_of(mb: dict) -> TeacherOutput:
