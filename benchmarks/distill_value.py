@@ -218,9 +218,9 @@ def value(models: list[str], datasets: list[str], seeds: list[int]) -> None:
 
 
 # ---- frozen vectors ----
-def _texts_labels(split: str, dataset: str = "rotten-tomatoes") -> tuple[list[str], list[str]]:
+def _texts_labels(split: str) -> tuple[list[str], list[str]]:
     from bertkit.data.readers import read_classify
-    rows = read_classify(pretrain_value.data_dir(dataset) / f"{split}.jsonl")
+    rows = read_classify(pretrain_value.data_dir("rotten-tomatoes") / f"{split}.jsonl")
     return [r["text"] for r in rows], [str(r["label"]) for r in rows]
 
 
@@ -229,38 +229,38 @@ def _logreg(train_x, train_y, test_x, test_y) -> float:
     return float(LogisticRegression(max_iter=3000).fit(train_x, train_y).score(test_x, test_y))
 
 
-def as_classifier(models: list[str]) -> None:
-    """A task-distilled student used as it left distillation, without fine-tuning: its mean vector
-    through its projection (from its last checkpoint) and the teacher's own classifier, on the
-    teacher's data set's test split; the share it labels as the teacher does beside."""
-    import torch
+def _labels(model_folder: Path, data: Path) -> tuple[list[str], list[str]]:
+    """A classify folder's predicted labels of a data file as `bertkit evaluate` makes them, and the gold ones."""
+    from bertkit.tasks.folder import load_task_model, task_max_len
+    from bertkit.tasks.runner import run_task
+    task, model, tok = load_task_model(model_folder, "classify")
+    examples = task.read(data)
+    preds, _ = run_task(task, model, task.features(examples, tok, task_max_len(task, model, None)), examples, tok)
+    return [p["label"] for p in preds], [r["label"] for r in examples]
 
+
+def as_classifier(models: list[str]) -> None:
+    """A task-distilled student used as it left distillation, without fine-tuning: its folder's
+    classifier/ (written by runs made before the folder was, from the last checkpoint's
+    projection), on the teacher's data set's test split; the share it labels as the teacher does."""
     from bertkit.folders import load_model
-    from bertkit.pooling import pool
     from bertkit.pretraining import distill as d
     from bertkit.tokenizer import load_tokenizer
     for model in models:
-        info = json.loads((Path(folder(model)) / "bertkit.json").read_text())
+        run, key = Path(folder(model)), f"classifier|{model}"
+        info = json.loads((run / "bertkit.json").read_text())
         dataset = next((ds for ds in DATASETS if Path(info.get("teacher", "")) == teacher_folder(ds)), None)
-        key = f"classifier|{model}"
         if dataset is None or key in load():
             continue
-        run, teach = Path(folder(model)), d.Teacher(teacher_folder(dataset), "cpu")
-        bert = load_model(run, heads=False, quiet=True)[0].eval()
-        proj = d.Projections(bert.config.hidden_size, teach.config.hidden_size)
-        d.load_projections(proj, sorted((run / "checkpoints").iterdir())[-1])
-        tok = load_tokenizer(run)
-        texts, labels = _texts_labels("test", dataset)
-        right = same = 0
-        with torch.no_grad():
-            for i in range(0, len(texts), 128):
-                batch = tok.encode(texts[i:i + 128], max_len=128).model_inputs()
-                out = bert(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
-                student = teach.logits(proj.sentence(pool(out.sequence_output, None, batch["attention_mask"],
-                                                          "mean"))).argmax(-1)
-                right += sum(teach.labels[j] == y for j, y in zip(student.tolist(), labels[i:i + 128]))
-                same += int((student == teach(batch, False, False).logits.argmax(-1)).sum())
-        entry = {"dataset": dataset, "test": right / len(texts), "agreement": same / len(texts)}
+        if not (run / "classifier").is_dir():
+            teach, bert = d.Teacher(teacher_folder(dataset), "cpu"), load_model(run, heads=False, quiet=True)[0]
+            proj = d.Projections(bert.config.hidden_size, teach.config.hidden_size)
+            d.load_projections(proj, sorted((run / "checkpoints").iterdir())[-1])
+            d.save_classifier(bert, proj, teach, load_tokenizer(run), run, info["max_len"])
+        test = pretrain_value.data_dir(dataset) / "test.jsonl"
+        (student, gold), (teacher_labels, _) = _labels(run / "classifier", test), _labels(teacher_folder(dataset), test)
+        entry = {"dataset": dataset, "test": float(np.mean([a == b for a, b in zip(student, gold)])),
+                 "agreement": float(np.mean([a == b for a, b in zip(student, teacher_labels)]))}
         print(f"{key}: {dataset} test {entry['test']:.4f}, the teacher's label {entry['agreement']:.4f}", flush=True)
         record(key, entry)
 
