@@ -306,56 +306,67 @@ def test_sigkill_then_resume_gives_the_uninterrupted_weights(tmp_path, corpus, t
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def distill_gradients(out, teacher, corpus, grad_accum):
+    """One global batch of 16 texts from the run folder's shards through DistillJob.gradients, in
+    this process's share (a torchrun rank's, or all of it): the gradients, the loss and the sums."""
+    import contextlib
+
+    from bertkit.model import set_dropout
+    from bertkit.pretraining import train
+    from bertkit.pretraining.distill_job import DistillJob
+    from bertkit.pretraining.shards import TokenStore
+    from bertkit.tokenizer import WordPieceTokenizer
+    from bertkit.training.distributed import init_processes
+    procs = init_processes()
+    cfg = PretrainConfig(corpus=str(corpus), teacher=str(teacher), out=str(out), steps=1, batch_size=16, max_len=48,
+                         sentence_per_line=True, relation_heads=4, distill_hidden=1.0, distill_relations=1.0,
+                         distill_mlm=0.5, distill_logits=1.0, distill_temperature=2.0, grad_accum=grad_accum,
+                         teacher_cache=False, progress=False)
+    tok = WordPieceTokenizer.from_folder(out / "data")
+    torch.manual_seed(0)
+    student = train._build_student(cfg, tok)
+    set_dropout(student, cfg.dropout)  # the recipe's 0, as pretrain sets it: no masks to differ between ranks
+    job = DistillJob(cfg, student, train._optimizer(student, cfg), procs, tok,
+                     TokenStore(out / "data" / "shards" / "train"), [], None, lambda m: None, None, phase=1,
+                     autocast=contextlib.nullcontext())
+    _, batch = next(job.batches.iterate())
+    result = job.gradients(batch)
+    job.close()
+    return procs, {"grads": {k: p.grad.clone() for k, p in student.named_parameters() if p.grad is not None},
+                   "loss": result.loss, "sums": result.sums}
+
+
 _DDP_GRADS = r'''
-import contextlib, sys, torch
+import sys, torch, torch.distributed as dist
 from pathlib import Path
-from bertkit.model import set_dropout
-from bertkit.pretraining import train
-from bertkit.pretraining.distill_job import DistillJob
-from bertkit.pretraining.recipes import PretrainConfig
-from bertkit.pretraining.shards import TokenStore
-from bertkit.tokenizer import WordPieceTokenizer
-from bertkit.training.distributed import init_processes
-procs = init_processes()
-out, teacher, corpus, grad_accum, dest = Path(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4]), Path(sys.argv[5])
-cfg = PretrainConfig(corpus=corpus, teacher=teacher, out=str(out), steps=1, batch_size=16, max_len=48,
-                     sentence_per_line=True, relation_heads=4, distill_hidden=1.0, distill_relations=1.0,
-                     distill_mlm=0.5, distill_logits=1.0, distill_temperature=2.0, grad_accum=grad_accum,
-                     teacher_cache=False, progress=False)
-tok = WordPieceTokenizer.from_folder(out / "data")
-torch.manual_seed(0)
-student = train._build_student(cfg, tok)
-set_dropout(student, cfg.dropout)  # the recipe's 0, as pretrain sets it: no masks to differ between ranks
-opt = train._optimizer(student, cfg)
-job = DistillJob(cfg, student, opt, procs, tok, TokenStore(out / "data" / "shards" / "train"), [], None,
-                 lambda m: None, None, phase=1, autocast=contextlib.nullcontext())
-_, batch = next(job.batches.iterate())
-result = job.gradients(batch)
+sys.path.insert(0, sys.argv[1])
+from test_distill import distill_gradients
+procs, grads = distill_gradients(Path(sys.argv[2]), sys.argv[3], sys.argv[4], 2)
 if procs.main:
-    torch.save({"grads": {k: p.grad.clone() for k, p in student.named_parameters() if p.grad is not None},
-                "loss": result.loss, "sums": result.sums}, dest)
-job.close()
+    torch.save(grads, sys.argv[5])
+dist.barrier()  # no rank tears its group down while another still uses it
+dist.destroy_process_group()
 '''
 
 
 def test_two_processes_give_the_gradients_of_one(tmp_path, corpus, classifier):
     """One global batch of 16 texts, every signal on (a classifier teacher, for its logits too):
-    2 gloo ranks x 2 micro-batches equal 1 process."""
-    teacher = classifier
+    2 gloo ranks x 2 micro-batches equal this process alone."""
     import os
     import subprocess
     import sys
+    from pathlib import Path
+    teacher = classifier
     out = tmp_path / "run"
     pretrain(_cfg(corpus, teacher, out, steps=1, save_every=0))  # the shards both read
     script = tmp_path / "grads.py"
     script.write_text(_DDP_GRADS)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for procs, accum in ((2, 2), (1, 1)):
-        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                              str(procs), str(script), str(out), str(teacher), str(corpus), str(accum),
-                              str(tmp_path / f"g{procs}.pt")], capture_output=True, text=True, env=env, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
-    two, one = torch.load(tmp_path / "g2.pt"), torch.load(tmp_path / "g1.pt")
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+                          str(script), str(Path(__file__).parent), str(out), str(teacher), str(corpus),
+                          str(tmp_path / "g2.pt")], capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    two, (_, one) = torch.load(tmp_path / "g2.pt"), distill_gradients(out, teacher, corpus, 1)
     assert two["grads"].keys() == one["grads"].keys() and len(one["grads"]) > 10
     for name in one["grads"]:
         torch.testing.assert_close(two["grads"][name], one["grads"][name], rtol=1e-4, atol=1e-7, msg=name)

@@ -239,34 +239,23 @@ def test_two_ranks_give_the_gradients_of_one_process(tmp_path, tiny_no_dropout, 
 
 def test_torchrun_finetune_equals_one_process(tmp_path, tiny_no_dropout, data):
     """The whole run under torchrun (gloo, dropout 0): one writer, evaluation gathered from both
-    ranks, the same metrics as one process."""
-    args = ["-m", "bertkit", *_args(tiny_no_dropout, data, tmp_path / "ddp", "--option", "dropout=0")]
-    run = _torchrun(*args)
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert main(_args(tiny_no_dropout, data, tmp_path / "one", "--option", "dropout=0")) == 0
-    s2, s1 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "one"))
-    assert s2["processes"] == 2 and s2["steps"] == s1["steps"] == 24
-    for h1, h2 in zip(s1["history"], s2["history"]):
-        assert h1["accuracy"] == h2["accuracy"] and abs(h1["eval_loss"] - h2["eval_loss"]) < 1e-3
-    lines = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines if "loss" in r] == list(range(1, 25))  # one writer
-
-
-
-def test_torchrun_trains_a_last_batch_smaller_than_the_ranks_as_one_process(tmp_path, tiny_no_dropout, data):
-    """9 examples in batches of 8 on 2 ranks: the last batch of 1 leaves a rank without an
-    example. It was skipped by every rank (2 steps of 4, the longest example never trained on
-    under group_by_length); the empty rank now joins the step with a zero gradient."""
+    ranks, the same metrics and weights as one process. 9 examples in batches of 8 on 2 ranks:
+    the last batch of 1 leaves a rank without an example: that rank joins the step with a zero
+    gradient, so the longest example (last under group_by_length) is trained on as in one process."""
     small = tmp_path / "data"
     small.mkdir()
     (small / "train.jsonl").write_text("".join((data / "train.jsonl").read_text().splitlines(True)[:9]))
     (small / "dev.jsonl").write_text("".join((data / "dev.jsonl").read_text().splitlines(True)[:5]))
-    args = [*_args(tiny_no_dropout, small, tmp_path / "ddp", "--option", "dropout=0"), "--epochs", "2"]
-    run = _torchrun("-m", "bertkit", *args)
+    run = _torchrun("-m", "bertkit", *_args(tiny_no_dropout, small, tmp_path / "ddp", "--option", "dropout=0",
+                                            "--epochs", "2"))
     assert run.returncode == 0, run.stderr[-3000:]
-    assert main([*_args(tiny_no_dropout, small, tmp_path / "one", "--option", "dropout=0"), "--epochs", "2"]) == 0
+    assert main(_args(tiny_no_dropout, small, tmp_path / "one", "--option", "dropout=0", "--epochs", "2")) == 0
     s2, s1 = (json.loads((tmp_path / d / "summary.json").read_text()) for d in ("ddp", "one"))
-    assert s2["steps"] == s1["steps"] == 4
+    assert s2["processes"] == 2 and s2["steps"] == s1["steps"] == 4
+    for h1, h2 in zip(s1["history"], s2["history"], strict=True):
+        assert h1["accuracy"] == h2["accuracy"] and abs(h1["eval_loss"] - h2["eval_loss"]) < 1e-3
+    lines = [json.loads(line) for line in (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]  # one writer
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("ddp", "one"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
@@ -278,52 +267,53 @@ from bertkit.finetune import evaluate_in_parts
 from bertkit.tasks.folder import load_task_model
 from bertkit.training.distributed import init_processes
 procs = init_processes()
-task, model, tok = load_task_model(sys.argv[1])
-examples = task.read(sys.argv[2])
-feats = task.features(examples, tok, task.info["max_len"])
-result = evaluate_in_parts(task, model, feats, examples, tok, 4, procs)
-if procs.main:
-    Path(sys.argv[3]).write_text(json.dumps(result[0]))
+for model_folder, path, preds in zip(*[iter(sys.argv[1:])] * 3):  # (model, data, predictions) per task
+    task, model, tok = load_task_model(model_folder)
+    examples = task.read(path)
+    feats = task.features(examples, tok, task.info["max_len"])
+    result = evaluate_in_parts(task, model, feats, examples, tok, 4, procs)
+    if procs.main:
+        Path(preds).write_text(json.dumps(result[0]))
 dist.barrier()  # no rank tears its group down while another still uses it
 dist.destroy_process_group()
 '''
 
 
-@pytest.mark.parametrize("name", ["qa", "ner"])
-def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny_bert, name):
-    """QA n-best spans over windows and NER word tags, decoded on rank 0 from both ranks' outputs."""
+def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny_bert):
+    """QA n-best spans over windows and NER word tags, decoded on rank 0 from both ranks' outputs
+    (one torchrun launch evaluates both)."""
     from bertkit.data.registry import export
     from bertkit.data.squad_subset import squad_subset_file
     from bertkit.tasks.folder import load_task_model
     from bertkit.tasks.runner import run_task
-    if name == "qa":
-        squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
-        squad["data"] = squad["data"][:1]
-        squad["data"][0]["paragraphs"] = squad["data"][0]["paragraphs"][:3]
-        path = tmp_path / "qa.json"
-        path.write_text(json.dumps(squad))
-        extra = ["--max-len", "96"]  # several windows per context
-    else:
-        export("wnut16", tmp_path / "wnut")
-        sentences = (tmp_path / "wnut" / "dev.conll").read_text().split("\n\n")[:30]
-        path = tmp_path / "ner.conll"
-        path.write_text("\n\n".join(sentences) + "\n")
-        extra = []
-    assert main(["finetune", name, "--model", str(tiny_bert), "--train", str(path), "--eval", str(path), "--out",
-                 str(tmp_path / "model"), "--epochs", "1", "--batch-size", "8", *extra]) == 0
+    squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
+    squad["data"] = squad["data"][:1]
+    squad["data"][0]["paragraphs"] = squad["data"][0]["paragraphs"][:3]
+    (tmp_path / "qa.json").write_text(json.dumps(squad))
+    export("wnut16", tmp_path / "wnut")
+    sentences = (tmp_path / "wnut" / "dev.conll").read_text().split("\n\n")[:30]
+    (tmp_path / "ner.conll").write_text("\n\n".join(sentences) + "\n")
+    tasks = {"qa": (tmp_path / "qa.json", ["--max-len", "96"]),  # several windows per context
+             "ner": (tmp_path / "ner.conll", [])}
+    for name, (path, extra) in tasks.items():
+        assert main(["finetune", name, "--model", str(tiny_bert), "--train", str(path), "--eval", str(path), "--out",
+                     str(tmp_path / name), "--epochs", "1", "--batch-size", "8", *extra]) == 0
     script = tmp_path / "eval.py"
     script.write_text(_EVAL)
-    run = _torchrun(script, tmp_path / "model", path, tmp_path / "preds.json")
+    run = _torchrun(script, *[x for name, (path, _) in tasks.items()
+                              for x in (tmp_path / name, path, tmp_path / f"{name}-predictions.json")])
     assert run.returncode == 0, run.stderr[-3000:]
-    task, model, tok = load_task_model(tmp_path / "model")
-    examples = task.read(path)
-    single, _ = run_task(task, model, task.features(examples, tok, task.info["max_len"]), examples, tok, 4)
-    split = json.loads((tmp_path / "preds.json").read_text())
-    if name == "qa":
-        assert [p["answer"] for p in split] == [p["answer"] for p in single]
-        assert [[c["text"] for c in p["nbest"]] for p in split] == [[c["text"] for c in p["nbest"]] for p in single]
-    else:
-        assert split == single
+    for name, (path, _) in tasks.items():
+        task, model, tok = load_task_model(tmp_path / name)
+        examples = task.read(path)
+        single, _ = run_task(task, model, task.features(examples, tok, task.info["max_len"]), examples, tok, 4)
+        split = json.loads((tmp_path / f"{name}-predictions.json").read_text())
+        if name == "qa":
+            assert [p["answer"] for p in split] == [p["answer"] for p in single]
+            assert ([[c["text"] for c in p["nbest"]] for p in split]
+                    == [[c["text"] for c in p["nbest"]] for p in single])
+        else:
+            assert split == single
 
 
 def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny_bert, data):

@@ -1,5 +1,6 @@
 """Beyond one process: two torchrun "nodes" on 127.0.0.1 through the c10d rendezvous, resuming
-a 2-process checkpoint in 1 and in 4 processes, and a rank that dies (gloo on CPU)."""
+a 2-process checkpoint in 1 and in 4 processes, and a rank that dies (gloo on CPU). The runs of
+one process run in this one, as `bertkit pretrain` without torchrun does."""
 import json
 import os
 import subprocess
@@ -8,6 +9,7 @@ import time
 import pytest
 from helpers import torchrun
 
+from bertkit.pretraining.train import PretrainConfig, pretrain
 from bertkit.training.checkpoints import checkpoint_problem, latest_checkpoint
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -75,9 +77,7 @@ def two_process_checkpoint(tmp_path_factory, wiki_excerpt, vocab):
     cmd, _ = _torchrun(tmp, 2, _options(wiki_excerpt, vocab, first, 8))
     subprocess.run(cmd, capture_output=True, text=True, env={**ENV, "KILL_RANK_AT_STEP": "0,4"}, timeout=300)
     assert json.loads((latest_checkpoint(first) / "trainer.json").read_text())["step"] == 4
-    cmd, _ = _torchrun(tmp, 1, _options(wiki_excerpt, vocab, tmp / "straight", 8))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    pretrain(PretrainConfig(**json.loads(_options(wiki_excerpt, vocab, tmp / "straight", 8))))
     return first, tmp / "straight"
 
 
@@ -90,9 +90,13 @@ def test_a_two_process_checkpoint_resumes_in_other_process_counts(tmp_path, wiki
     first, straight = two_process_checkpoint
     out = tmp_path / "resumed"
     shutil.copytree(first, out)
-    cmd, _ = _torchrun(tmp_path, nproc, _options(wiki_excerpt, vocab, out, 8, resume=True))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    options = _options(wiki_excerpt, vocab, out, 8, resume=True)
+    if nproc == 1:
+        pretrain(PretrainConfig(**json.loads(options)))
+    else:
+        cmd, _ = _torchrun(tmp_path, nproc, options)
+        run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
+        assert run.returncode == 0, run.stderr[-2000:]
 
     def records(folder):
         return {r["step"]: r for r in map(json.loads, (folder / "metrics.jsonl").read_text().splitlines()) if "loss" in r}
@@ -114,7 +118,5 @@ def test_a_rank_that_dies_stops_the_job_and_the_checkpoint_stays_loadable(tmp_pa
     ckpt = latest_checkpoint(out)
     assert ckpt is not None and checkpoint_problem(ckpt) is None
     assert json.loads((ckpt / "trainer.json").read_text())["step"] == 2
-    cmd, _ = _torchrun(tmp_path, 1, _options(wiki_excerpt, vocab, out, 4, resume=True, extend=True))
-    run = subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
+    pretrain(PretrainConfig(**json.loads(_options(wiki_excerpt, vocab, out, 4, resume=True, extend=True))))
     assert _steps(out)[-1] == 4

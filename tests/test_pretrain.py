@@ -245,30 +245,6 @@ def test_a_toml_config_takes_no_samples_too(tmp_path, wiki_excerpt, capsys):
     assert not (tmp_path / "b").exists()
 
 
-def test_torchrun_with_two_processes_trains_one_model(tmp_path, wiki_excerpt, vocab):
-    """DistributedDataParallel on CPU (gloo): two processes share each batch; rank 0 writes."""
-    import os
-    import subprocess
-    import sys
-    out = tmp_path / "ddp"
-    args = ["--corpus", str(wiki_excerpt), "--sentence-per-line", "--vocab", str(vocab), "--out", str(out),
-            "--steps", "4", "--batch-size", "16", "--max-len", "32", "--holdout-every", "6", "--eval-every", "4",
-            "--save-every", "2", "--log-every", "1", "--seed", "3", "--no-samples"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                          "-m", "bertkit", "pretrain", *args], capture_output=True, text=True, env=env, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3, 4]  # one writer
-    assert all(math.isfinite(r["loss"]) for r in lines if "loss" in r)
-    assert json.loads((out / "checkpoints" / "step_0000004" / "trainer.json").read_text())["world_size"] == 2
-    # the same global batches in one process: the first step's loss agrees (dropout differs on rank 1)
-    single = pretrain(_cfg(wiki_excerpt, tmp_path / "one", vocab=str(vocab), steps=1, save_every=0))
-    assert abs(lines[0]["loss"] - single["final_train"]["loss"]) < 0.1
-    from transformers import BertForPreTraining as HF
-    HF.from_pretrained(str(out))
-
-
 @pytest.mark.parametrize("native, precision, steps_in_bf16", [(True, "auto", True), (False, "auto", False),
                                                              (True, "fp32", False), (False, "bf16", True)])
 def test_the_steps_run_in_bf16_autocast_on_a_native_bf16_cpu_and_evaluation_in_fp32(
@@ -740,12 +716,17 @@ sys.exit(main(sys.argv[1:]))
 '''
 
 
-def test_torchrun_ranks_share_rank_0s_default_out(tmp_path, wiki_excerpt, vocab):
-    """Without --out each rank would name its own time-stamped folder; all use rank 0's. Run on a
+def test_torchrun_ranks_share_rank_0s_default_out_and_train_one_model(tmp_path, wiki_excerpt, vocab):
+    """DistributedDataParallel on CPU (gloo): two processes share each batch and rank 0 writes.
+    Without --out each rank would name its own time-stamped folder; all use rank 0's. Run on a
     budget, the ranks also agree on when to stop (or one would wait forever for the other)."""
     import os
     import subprocess
     import sys
+
+    from transformers import BertForPreTraining as HF
+
+    from bertkit.training.checkpoints import latest_checkpoint
     script = tmp_path / "disagree.py"
     script.write_text(_RANKS_DISAGREE)
     work = tmp_path / "cwd"
@@ -761,7 +742,15 @@ def test_torchrun_ranks_share_rank_0s_default_out(tmp_path, wiki_excerpt, vocab)
     assert run.returncode == 0, run.stderr[-3000:]
     runs = list((work / "runs").iterdir())
     assert len(runs) == 1 and "rank1" not in runs[0].name, runs
-    assert (runs[0] / "model.safetensors").is_file()
+    out = runs[0]
+    lines = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+    assert [r["step"] for r in lines] == list(range(1, len(lines) + 1))  # one writer
+    assert all(math.isfinite(r["loss"]) for r in lines)
+    assert json.loads((latest_checkpoint(out) / "trainer.json").read_text())["world_size"] == 2
+    # the same global batches in one process: the first step's loss agrees (dropout differs on rank 1)
+    single = pretrain(_cfg(wiki_excerpt, tmp_path / "one", vocab=str(vocab), steps=1, save_every=0))
+    assert abs(lines[0]["loss"] - single["final_train"]["loss"]) < 0.1
+    HF.from_pretrained(str(out))
 
 
 def test_preparation_reads_a_small_corpus_once_and_a_large_one_twice(tmp_path, monkeypatch):
