@@ -1,9 +1,9 @@
 """A short phrase to one word ("large" -> "size", "very heavy" -> "weight").
 
 The default head, `head=encoder`, makes it a reverse dictionary over any candidate words, those no
-example trained on included (candidates.py; options words and temperature). A folder fine-tuned
-before it existed, with no head in its bertkit.json, has the head the rest of this note is about,
-`head=vocab`, the right choice for a closed label set:
+example trained on included (candidates.py; options words and temperature). A folder whose
+bertkit.json names no head has the head the rest of this note is about, `head=vocab`, the right
+choice for a closed label set:
 
 The [CLS] vector goes through a transform like the MLM head's (dense, GELU, LayerNorm) and is
 projected onto the vocabulary, by default with the word embeddings themselves (tied), so a
@@ -134,7 +134,7 @@ class WordTask(Task):
 
     @property
     def encoder_head(self) -> bool:
-        return self.info.get("head", "vocab") == "encoder"  # no head: a folder from before head=encoder
+        return self.info.get("head", "vocab") == "encoder"  # no head named: the vocabulary head
 
     def fit(self, train, options):
         head = options.get("head", "vocab")
