@@ -9,21 +9,22 @@ from bertkit.cli import main
 
 
 def _linked(out, name, tmp_path):
-    """OUT/name -> ../mine.txt, a file of the user's outside OUT."""
-    mine = tmp_path / "mine.txt"
+    """OUT/name -> a file of the user's outside OUT."""
+    mine = tmp_path / f"mine-{name}"
     mine.write_text("the user's own file\n")
     out.mkdir(parents=True, exist_ok=True)
     (out / name).symlink_to(mine)
     return mine
 
 
-@pytest.mark.parametrize("name", ["vocab.txt", "config.json", "onnx.json"])
-def test_export_overwrite_replaces_a_link_in_out(tmp_path, tiny_bert, name):
+def test_export_overwrite_replaces_a_link_in_out(tmp_path, tiny_bert):
+    """Links where the export writes vocab.txt, config.json and its manifest, onnx.json."""
     out = tmp_path / "export"
-    mine = _linked(out, name, tmp_path)
+    names = ["vocab.txt", "config.json", "onnx.json"]
+    mine = [_linked(out, name, tmp_path) for name in names]
     assert main(["export", "--model", str(tiny_bert), "--out", str(out), "--overwrite"]) == 0
-    assert mine.read_text() == "the user's own file\n"
-    if (out / name).exists():
+    assert all(m.read_text() == "the user's own file\n" for m in mine)
+    for name in names:
         assert not (out / name).is_symlink()
 
 
