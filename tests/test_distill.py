@@ -324,9 +324,9 @@ def distill_gradients(out, teacher, corpus, grad_accum):
                          teacher_cache=False, progress=False)
     tok = WordPieceTokenizer.from_folder(out / "data")
     torch.manual_seed(0)
-    student = train._build_student(cfg, tok)
+    student = train.build_model(cfg, tok)
     set_dropout(student, cfg.dropout)  # the recipe's 0, as pretrain sets it: no masks to differ between ranks
-    job = DistillJob(cfg, student, train._optimizer(student, cfg), procs, tok,
+    job = DistillJob(cfg, student, train.build_optimizer(student, cfg), procs, tok,
                      TokenStore(out / "data" / "shards" / "train"), [], None, lambda m: None, None, phase=1,
                      autocast=contextlib.nullcontext())
     _, batch = next(job.batches.iterate())

@@ -62,7 +62,7 @@ def _check_model_folder(cfg: PretrainConfig) -> None:
         raise BertkitError(f"--max-len {cfg.max_len} exceeds the model's {model_cfg.max_position_embeddings} positions")
 
 
-def _build_model(cfg: PretrainConfig, tok: WordPieceTokenizer):
+def build_model(cfg: PretrainConfig, tok: WordPieceTokenizer):
     """The model a run trains: BERT with its MLM and NSP heads, ELECTRA's pair, or a distillation
     student with its projections to the teacher's width."""
     if cfg.objective == "distill":
@@ -102,7 +102,7 @@ def _build_student(cfg: PretrainConfig, tok: WordPieceTokenizer) -> distill.Stud
     return distill.Student(model, teacher.config.hidden_size)
 
 
-def _optimizer(model, cfg: PretrainConfig):
+def build_optimizer(model, cfg: PretrainConfig):
     return adamw(model, cfg.lr, cfg.weight_decay, eps=1e-6)  # BERT's epsilon
 
 
@@ -450,14 +450,14 @@ def pretrain(cfg: PretrainConfig, on_step=None, timer=time.perf_counter) -> dict
         cfg, eval_store, tok, log)
 
     torch.manual_seed(cfg.seed)  # initial weights, new heads and dropout
-    model = _build_model(cfg, tok)
+    model = build_model(cfg, tok)
     set_dropout(model, cfg.dropout)
     model.to(procs.device)
     precision = training_precision(procs.device, cfg.precision)
     if cfg.precision == "auto":
         log(f"training steps in {'bf16 autocast' if precision == 'bf16' else 'fp32'} on {procs.device.type}; "
             "--precision to choose")
-    opt = _optimizer(model, cfg)
+    opt = build_optimizer(model, cfg)
     state = _resume(cfg, run, ckpt, model, opt) if ckpt is not None else None
     metrics = run.start(cfg.tensorboard)
     if procs.main and ckpt is not None:
