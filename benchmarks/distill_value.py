@@ -42,6 +42,7 @@ import fcntl
 import importlib.util
 import io
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -62,6 +63,7 @@ ROOT = HERE.parent
 RESULTS = HERE / "results" / "distill_value.json"
 RUNS = ROOT / "runs" / "distill-value"
 PLOT = ROOT / "docs" / "distill-value.png"
+MINUTES_PLOT = ROOT / "docs" / "distill-minutes.png"
 DATASETS = ["rotten-tomatoes", "tweets"]
 BERTKIT = str(ROOT / ".venv" / "bin" / "bertkit")
 M2V_PYTHON = ROOT / ".venv-model2vec" / "bin" / "python"  # model2vec in a venv of its own (make bench-distill)
@@ -346,6 +348,56 @@ def _folds(results: dict, prefix: str) -> str:
     return "-" if None in tests else f"{statistics.mean(tests):.3f}"
 
 
+def _best_scratch_hour() -> tuple[str, float] | None:
+    """The scratch-pretrained hour (pretrain_value.py) with the highest median rotten-tomatoes test accuracy."""
+    tests: dict[str, list[float]] = {}
+    for k, e in pretrain_value.load().items():
+        part = k.split("|")
+        if part[0] == "finetune" and re.match(r"(tiny|mini)-60m", part[1]) and part[2:4] == [DATASETS[0], "defaults"]:
+            tests.setdefault(part[1], []).append(e["test"])
+    return max(((m, statistics.median(t)) for m, t in tests.items()), key=lambda x: x[1], default=None)
+
+
+RECIPES = {None: "sentence vector", "hidden": "sentence vector + token states",
+           "rotten-tomatoes-more": "task distillation, more text", "no-rt": "without rotten-tomatoes' text"}
+
+
+def plot_minutes(results: dict) -> None:
+    """Rotten-tomatoes test accuracy (median of seeds) against the minutes of distillation, one line
+    per preset and recipe with two budgets or more, beside word counts, the target (word counts + 3
+    points), the best scratch hour and MiniLM."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for m in sorted({k.split("|")[1] for k in results if k.startswith("finetune|")}):
+        shape = re.fullmatch(r"(tiny|mini)-(\d+)m(?:-(.+))?", m)
+        tests = [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{DATASETS[0]}|")]
+        if shape and tests:
+            name = f"{shape[1]}, {RECIPES.get(shape[3], shape[3])}"
+            series.setdefault(name, []).append((int(shape[2]), statistics.median(tests)))
+    series = {name: sorted(pts) for name, pts in series.items() if len(pts) > 1}
+    if not series:
+        return
+    fig, ax = figure(figsize=(7, 4.5))
+    for name, pts in sorted(series.items()):
+        ax.plot(*zip(*pts), marker="o", label=name)
+    words = results.get("probe|word-counts", {}).get("test")
+    minilm = [e["test"] for k, e in results.items() if k.startswith(f"finetune|minilm|{DATASETS[0]}|")]
+    lines = [("word counts + logistic regression", words, "grey"),
+             ("the target for the hour: word counts + 3 points", None if words is None else words + 0.03, "tab:red"),
+             ("MiniLM, the teacher, fine-tuned", statistics.median(minilm) if minilm else None, "black")]
+    if (best := _best_scratch_hour()) is not None:
+        lines.append((f"the best hour of scratch pretraining ({best[0]})", best[1], "tab:brown"))
+    for label, y, color in lines:
+        if y is not None:
+            ax.axhline(y, color=color, linestyle="--", linewidth=1)
+            ax.annotate(label, (10, y), fontsize=8, xytext=(0, 3), textcoords="offset points", color=color)
+    ax.set_xticks(sorted({x for pts in series.values() for x, _ in pts}))
+    ax.set_xlabel("minutes of distillation from MiniLM on 2 cores")
+    ax.set_ylabel("rotten-tomatoes test accuracy (median of seeds)")
+    ax.legend(fontsize=8, loc="center right")
+    fig.suptitle(f"Fine-tuned accuracy against minutes of distillation ({cpu_name()})", fontsize=10)
+    save_figure(fig, MINUTES_PLOT)
+
+
 def report() -> None:
     results = load()
     # MiniLM's own fine-tuning runs are pretrain_value.py's (the same defaults and seeds)
@@ -398,6 +450,7 @@ def report() -> None:
         fig.suptitle(f"Fine-tuned accuracy against encoding speed (bertkit encode, {n:,} texts, on the\n"
                      f"{cpu_name()}; a model of one shape, one speed)", fontsize=10)
         save_figure(fig, PLOT)
+    plot_minutes(results)
 
 
 def main():
