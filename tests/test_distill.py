@@ -1,6 +1,7 @@
 """Distillation (`bertkit pretrain --teacher`): the losses against plain references, the student's
 start from the teacher's embeddings, the teacher's kept vectors against fresh ones, exact resume
 after SIGKILL, two processes against one, and the student folder in transformers."""
+import dataclasses
 import json
 import math
 import re
@@ -182,6 +183,17 @@ def test_a_classifiers_logits_are_distilled_through_its_own_head(tmp_path, corpu
     print_report(run_cfg, summary)
     assert re.search(r"logits \d\.\d{4}\).*\n.*the teacher's label given \d\.\d{3}", capsys.readouterr().out)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    # a run whose held-out cosine ended well below its best is warned of: more passes over the same
+    # texts fit the teacher's vectors of those texts and lose the rest
+    # (where the sentence vector is learned: this run learns the logits alone)
+    best = max((r for r in records if "eval_cosine" in r), key=lambda r: r["eval_cosine"])
+    ended_lower = {**summary, "final_eval": {**best, "eval_cosine": best["eval_cosine"] - 0.05}}
+    print_report(run_cfg, ended_lower)
+    sentence_cfg = dataclasses.replace(run_cfg, distill_sentence=1.0)
+    print_report(sentence_cfg, {**summary, "final_eval": best})
+    assert "warning" not in capsys.readouterr().err
+    print_report(sentence_cfg, ended_lower)
+    assert f"peaked at {best['eval_cosine']:.3f} (step {best['step']}," in capsys.readouterr().err
     train = [r for r in records if "loss" in r]
     assert all(r["logit_loss"] > 0 and r["sentence_loss"] == 0 for r in train)
     assert np.mean([r["loss"] for r in train[-3:]]) < np.mean([r["loss"] for r in train[:3]])

@@ -18,6 +18,9 @@ from .shards import TokenStore
 # held-out top-1 at [MASK] below this many times always answering the most common token: the run
 # is still on the unigram plateau (a run past it: 0.159 against 0.044)
 PLATEAU_FACTOR = 1.5
+# a student's held-out cosine this far below its best: it learned its corpus's texts, not the
+# teacher (an hour on 42,800 texts: 0.67 after 10 minutes, 0.55 at the end)
+OVERFIT_DROP = 0.02
 
 
 def print_report(cfg: PretrainConfig, summary: dict) -> None:
@@ -63,6 +66,22 @@ def _print_distill(cfg: PretrainConfig, summary: dict, train: dict, ev: dict | N
         print(f"  held out: cosine to the teacher's sentence vectors {ev['eval_cosine']:.3f} over {ev['eval_texts']} "
               f"texts (through the projection to the teacher's width)"
               + (f"; the teacher's label given {ev['eval_agreement']:.3f}" if "eval_agreement" in ev else ""))
+        if cfg.distill_sentence:  # the cosine is what the sentence signal trains
+            _warn_if_memorised(Path(cfg.out), summary, ev)
+
+
+def _warn_if_memorised(out: Path, summary: dict, ev: dict) -> None:
+    """A warning on stderr where the held-out cosine fell well below its best: more passes over the
+    same texts fit the teacher's vectors of those texts and lose the rest."""
+    evals = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if "eval_cosine" in r]
+    best = max(evals, key=lambda r: r["eval_cosine"], default=None)
+    if best is None or best["eval_cosine"] - ev["eval_cosine"] < OVERFIT_DROP:
+        return
+    passes = summary["pairs_seen"] / max(1, summary["train_pairs_per_epoch"])
+    print(f"bertkit: warning: the held-out cosine to the teacher peaked at {best['eval_cosine']:.3f} (step "
+          f"{best['step']}, {best['elapsed_s'] / 60:.0f} min in) and ended at {ev['eval_cosine']:.3f} after "
+          f"{passes:.1f} passes over the corpus: the student learns the teacher's vectors of these texts rather "
+          "than the teacher; more text, or a shorter --budget, makes a better student", file=sys.stderr)
 
 
 def write_samples(cfg: PretrainConfig, summary: dict) -> None:
