@@ -362,28 +362,23 @@ RECIPES = {None: "sentence vector", "hidden": "sentence vector + token states",
            "rotten-tomatoes-more": "task distillation, more text", "no-rt": "without rotten-tomatoes' text"}
 
 
-def plot_minutes(results: dict) -> None:
-    """Rotten-tomatoes test accuracy (median of seeds) against the minutes of distillation, one line
-    per preset and recipe with two budgets or more, beside word counts, the target (word counts + 3
-    points), the best scratch hour and MiniLM."""
+def plot_minutes(rt: dict[str, float], words: float | None) -> None:
+    """Rotten-tomatoes test accuracy (rt: each model's median of seeds) against the minutes of
+    distillation, one line per preset and recipe with two budgets or more, beside word counts, the
+    target (word counts + 3 points), the best scratch hour and MiniLM."""
     series: dict[str, list[tuple[int, float]]] = {}
-    for m in sorted({k.split("|")[1] for k in results if k.startswith("finetune|")}):
-        shape = re.fullmatch(r"(tiny|mini)-(\d+)m(?:-(.+))?", m)
-        tests = [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{DATASETS[0]}|")]
-        if shape and tests:
-            name = f"{shape[1]}, {RECIPES.get(shape[3], shape[3])}"
-            series.setdefault(name, []).append((int(shape[2]), statistics.median(tests)))
+    for m, y in sorted(rt.items()):
+        if shape := re.fullmatch(r"(tiny|mini)-(\d+)m(?:-(.+))?", m):
+            series.setdefault(f"{shape[1]}, {RECIPES.get(shape[3], shape[3])}", []).append((int(shape[2]), y))
     series = {name: sorted(pts) for name, pts in series.items() if len(pts) > 1}
     if not series:
         return
     fig, ax = figure(figsize=(7, 4.5))
     for name, pts in sorted(series.items()):
         ax.plot(*zip(*pts), marker="o", label=name)
-    words = results.get("probe|word-counts", {}).get("test")
-    minilm = [e["test"] for k, e in results.items() if k.startswith(f"finetune|minilm|{DATASETS[0]}|")]
     lines = [("word counts + logistic regression", words, "grey"),
              ("the target for the hour: word counts + 3 points", None if words is None else words + 0.03, "tab:red"),
-             ("MiniLM, the teacher, fine-tuned", statistics.median(minilm) if minilm else None, "black")]
+             ("MiniLM, the teacher, fine-tuned", rt.get("minilm"), "black")]
     if (best := _best_scratch_hour()) is not None:
         lines.append((f"the best hour of scratch pretraining ({best[0]})", best[1], "tab:brown"))
     for label, y, color in lines:
@@ -410,7 +405,7 @@ def report() -> None:
     models = sorted({k.split("|")[1] for k in results if k.startswith(("finetune|", "probe|", "speed|"))})
     print("| model | rotten-tomatoes test | tweets test | RT folds (mean) | probe (RT test) | texts/s | x MiniLM |")
     print("|---|---|---|---|---|---|---|")
-    points = []
+    points, rt = [], {}
     for m in models:
         acc = {d: [e["test"] for k, e in results.items() if k.startswith(f"finetune|{m}|{d}|")] for d in DATASETS}
         pr, sp = results.get(f"probe|{m}", {}).get("test"), speeds.get(m) or {}
@@ -419,8 +414,10 @@ def report() -> None:
         ratio = f"{sp['vs_minilm']:.1f}x" if sp.get("vs_minilm") else "-"
         print(f"| {m} | {_cell(acc['rotten-tomatoes'])} | {_cell(acc['tweets'])} | {folds} | "
               f"{'-' if pr is None else f'{pr:.3f}'} | {rate} | {ratio} |")
-        if acc["rotten-tomatoes"] and sp:
-            points.append((m, sp["texts_per_s"], statistics.median(acc["rotten-tomatoes"])))
+        if acc["rotten-tomatoes"]:
+            rt[m] = statistics.median(acc["rotten-tomatoes"])
+            if sp:
+                points.append((m, sp["texts_per_s"], rt[m]))
     for k, e in sorted(results.items()):
         if k.startswith("classifier|"):
             print(f"{k.split('|')[1]} as the teacher's classifier, not fine-tuned: {e['dataset']} test "
@@ -450,7 +447,7 @@ def report() -> None:
         fig.suptitle(f"Fine-tuned accuracy against encoding speed (bertkit encode, {n:,} texts, on the\n"
                      f"{cpu_name()}; a model of one shape, one speed)", fontsize=10)
         save_figure(fig, PLOT)
-    plot_minutes(results)
+    plot_minutes(rt, results.get("probe|word-counts", {}).get("test"))
 
 
 def main():
