@@ -336,6 +336,25 @@ def test_a_saved_tokenizer_does_not_truncate_and_tells_hf_the_models_length(tmp_
     assert len(hf("word " * 1000, truncation=True)["input_ids"]) == 512
 
 
+def test_a_tokenizer_saved_again_writes_what_it_is_now(tmp_path, minilm_folder):
+    """save() keeps its files' text between saves (a run saves the tokenizer with each checkpoint):
+    saved again it writes the same files, and after a change (a new token, another model length)
+    the changed ones."""
+    tok = WordPieceTokenizer.from_folder(minilm_folder)
+
+    def files(name):
+        return {p.name: p.read_text() for p in (tmp_path / name).iterdir()}
+    tok.save(tmp_path / "a", 512)
+    tok.save(tmp_path / "b", 512)
+    WordPieceTokenizer.from_folder(minilm_folder).save(tmp_path / "c", 512)  # a fresh one's
+    assert files("a") == files("b") == files("c")
+    tok.save(tmp_path / "d", 128)
+    assert '"model_max_length": 128' in files("d")["tokenizer_config.json"]
+    tok.tok.add_tokens(["bertkitword"])
+    tok.save(tmp_path / "e", 512)
+    assert files("e")["vocab.txt"].endswith("bertkitword\n") and "bertkitword" in files("e")["tokenizer.json"]
+
+
 def test_decode_writes_special_tokens_as_transformers_does_and_refuses_bad_ids(minilm_folder, minilm_tok):
     """decode dropped [UNK] and [MASK] silently (an unknown word vanished from the text) and an
     id past the vocabulary without a word."""
