@@ -1,4 +1,5 @@
-"""The progress bar where stderr is a file or a pipe: whole lines, at most one per interval."""
+"""The progress bar where stderr is a file or a pipe: whole lines, at most one per interval; the
+loss plot a run ends with."""
 import io
 
 import pytest
@@ -74,3 +75,20 @@ def test_work_between_steps_is_left_out_of_the_bars_rate_and_eta():
     assert bar.format_dict["elapsed"] == pytest.approx(1.0)
     bar.update(2)
     bar.close()
+
+
+def test_the_loss_plot_leaves_the_callers_matplotlib_backend_alone(tmp_path):
+    """A run called from a notebook ends with loss.png and the notebook keeps its backend (the plot
+    switched every caller to Agg)."""
+    import matplotlib
+
+    from bertkit.training.log import plot_losses
+    before = matplotlib.get_backend()
+    matplotlib.use("svg")
+    try:
+        records = [{"step": s, "loss": 1 / s} for s in range(1, 40)] + [{"step": 39, "eval_loss": 0.2}]
+        plot_losses(records, tmp_path / "loss.png", [("loss", "train"), ("eval_loss", "eval")], "a run")
+        assert matplotlib.get_backend() == "svg"
+    finally:
+        matplotlib.use(before)
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
