@@ -1,6 +1,7 @@
 """Helpers the tests import (conftest.py holds the fixtures, the tiny BERT's among them): real
-sentences, a sentence-transformers copy of a folder, ports, torchrun and a callback that stops a
-run."""
+sentences, a sentence-transformers copy of a folder, ports, torchrun, a thread count to match a
+process's and a callback that stops a run."""
+import contextlib
 
 # Real sentences of different lengths: a padded batch exercises the attention mask.
 SENTENCES = [
@@ -42,6 +43,19 @@ def torchrun(nproc: int, nodes: int | None = None, rdzv_id: str = "bertkit-test"
         return cmd + ["--standalone"]
     return cmd + ["--nnodes", str(nodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
                   "--rdzv_id", rdzv_id]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one thread inside: a run here then sums as one in a process started with
+    OMP_NUM_THREADS=1 does, bit for bit (a process costs seconds of imports; a run here does not)."""
+    import torch
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 class Stop(Exception):
