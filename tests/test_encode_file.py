@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import torchrun
+from helpers import one_thread, torchrun
 
 from bertkit.cli import main
 from bertkit.errors import BertkitError
@@ -115,11 +115,9 @@ def test_a_killed_process_resumes_to_the_same_file(tmp_path, tiny_bert, sentence
     out = tmp_path / "v.npy"
     cmd = [sys.executable, "-m", "bertkit", "encode", "--model", str(tiny_bert), "--input", str(sentences),
            "--output", str(out), "--batch-size", "2", "--chunk-texts", "64"]
-    straight = tmp_path / "straight.npy"  # the same command, uninterrupted, in the same thread count
-    run = subprocess.run(cmd[:-6] + ["--output", str(straight), "--batch-size", "2", "--chunk-texts", "64"], env=ENV,
-                         capture_output=True,
-                         text=True, timeout=120)
-    assert run.returncode == 0, run.stderr[-1000:]
+    straight = tmp_path / "straight.npy"  # the same command, uninterrupted, here on the processes' one thread
+    with one_thread():
+        assert main([*cmd[3:-6], "--output", str(straight), "--batch-size", "2", "--chunk-texts", "64"]) == 0
     stops = 0
     for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
         folder = partial_folder(out)
@@ -139,8 +137,8 @@ def test_a_killed_process_resumes_to_the_same_file(tmp_path, tiny_bert, sentence
         assert not out.exists()
     assert stops >= 1
     if not out.exists():  # else a resumed run finished before its signal came: the file is whole already
-        run = subprocess.run(cmd + ["--resume"], env=ENV, capture_output=True, text=True, timeout=120)
-        assert run.returncode == 0, run.stderr[-1000:]
+        with one_thread():
+            assert main([*cmd[3:], "--resume"]) == 0
     np.testing.assert_array_equal(np.load(out), np.load(straight))
 
 
@@ -256,8 +254,10 @@ def test_a_rank_that_dies_stops_the_job_and_a_resume_finishes_it(tmp_path, tiny_
 
 
 def test_a_second_process_on_the_same_output_is_refused_and_the_first_ends_as_if_alone(tmp_path, tiny_bert,
-                                                                                        sentences):
-    texts = read_text_inputs(sentences).texts * 5  # 3,500 texts in 2-text batches: seconds of work
+                                                                                        sentences, capsys):
+    """A real process writes OUTPUT; a second run into it (new, --resume or --overwrite; here, in
+    this process) is refused by name while the first writes."""
+    texts = read_text_inputs(sentences).texts * 3  # 2,100 texts in 2-text batches: seconds of work
     src = tmp_path / "texts.txt"
     src.write_text("\n".join(texts) + "\n")
     out = tmp_path / "v.npy"
@@ -267,11 +267,10 @@ def test_a_second_process_on_the_same_output_is_refused_and_the_first_ends_as_if
     t = time.monotonic()
     while time.monotonic() - t < 60 and not (partial_folder(out) / "run.json").is_file():
         time.sleep(0.02)
-    others = [subprocess.Popen(cmd + extra, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-              for extra in ([], ["--resume"], ["--overwrite"])]
-    for other in others:
-        _, err = other.communicate(timeout=120)
-        assert other.returncode == 2 and "is being written by another bertkit process" in err, err[-500:]
+    for extra in ([], ["--resume"], ["--overwrite"]):
+        assert main([*cmd[3:], *extra]) == 2
+        err = capsys.readouterr().err
+        assert "is being written by another bertkit process" in err, err[-500:]
     assert first.poll() is None  # still writing: the refusals came while it ran
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-500:]

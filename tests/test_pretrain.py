@@ -5,7 +5,7 @@ import re
 
 import pytest
 import torch
-from helpers import Stop, stop_at
+from helpers import Stop, one_thread, stop_at
 from safetensors.torch import load_file
 
 from bertkit import BertkitError
@@ -647,9 +647,9 @@ def test_sigkill_at_random_moments_always_resumes_to_the_uninterrupted_weights(t
 
     from bertkit.training.checkpoints import latest_checkpoint
     steps = 14
-    straight = tmp_path / "straight"  # in a subprocess too: the same thread count, the same sums
-    proc = _start(_cli_args(wiki_excerpt, vocab, straight, steps))
-    assert proc.wait(timeout=300) == 0
+    straight = tmp_path / "straight"
+    with one_thread():  # as the killed processes' (OMP_NUM_THREADS=1): the same sums
+        assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, straight, steps)]) == 0
     out = tmp_path / "killed"
     rng = random.Random(0)
     kills = 0
@@ -669,7 +669,8 @@ def test_sigkill_at_random_moments_always_resumes_to_the_uninterrupted_weights(t
         proc.wait()
         kills += 1
         resume = ["--resume"] if latest_checkpoint(out) is not None else []
-    assert _start([*_cli_args(wiki_excerpt, vocab, out, steps), *resume]).wait(timeout=300) == 0
+    with one_thread():
+        assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, out, steps), *resume]) == 0
     a, b = load_file(str(straight / "model.safetensors")), load_file(str(out / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
@@ -867,18 +868,18 @@ def test_a_resumption_with_another_length_is_refused_unless_extended(tmp_path, w
 
 
 def test_a_second_pretraining_process_on_the_same_out_is_refused_and_the_first_ends_as_if_alone(
-        tmp_path, wiki_excerpt, vocab):
-    """Two real processes: the second (a new run or --resume) is refused by name while the first
-    writes, and the first's log and model are whole (a second pretraining crashed on the first's
-    shards before the lock)."""
+        tmp_path, wiki_excerpt, vocab, capsys):
+    """A real process writes --out: a second run into it (a new run or --resume; here, in this
+    process) is refused by name while the first writes, and the first's log and model are whole (a
+    second pretraining crashed on the first's shards before the lock)."""
     out = tmp_path / "run"
     first = _start(_cli_args(wiki_excerpt, vocab, out, 40), capture=True)
     _wait_for_step(out, 2, first)
     assert first.poll() is None, "the first run ended before the second could start"
     for extra in ([], ["--resume"]):
-        second = _start([*_cli_args(wiki_excerpt, vocab, out, 40), *extra], capture=True)
-        _, err = second.communicate(timeout=120)
-        assert second.returncode == 2 and f"{out} is being written by another bertkit process" in err, err[-500:]
+        assert main(["pretrain", *_cli_args(wiki_excerpt, vocab, out, 40), *extra]) == 2
+        err = capsys.readouterr().err
+        assert f"{out} is being written by another bertkit process" in err, err[-500:]
     assert first.poll() is None  # the refusals came while it ran
     _, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-500:]
