@@ -314,8 +314,12 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     """A few of MiniLM's activation channels run 5-15x the rest and set each matmul's one int8
     activation scale. smooth_for_int8's rewrite (the feed-forward's outlier channels on an fp32
     side path, every other matmul's input smoothed) computes the same vectors in fp32; quantised,
-    each real review's mean-pooled vector stays at a cosine of 0.99 or more to fp32, above what
-    plain dynamic quantisation keeps. The graph is the folder export's (each attention one node)."""
+    each real review's mean-pooled vector stays at a cosine of 0.997 or more to fp32, above what
+    plain dynamic quantisation keeps (lowest 0.9991 against 0.9959 on a Zen 4). The graph is the
+    folder export's (each attention one node). MiniLM's first two layers, to export and calibrate
+    in seconds; benchmarks/onnx_int8.py measures all six, fine-tuned."""
+    import dataclasses
+
     import onnx
 
     from bertkit.data.rotten_tomatoes import build
@@ -327,6 +331,8 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
 
     fp32 = tmp_path / "minilm.onnx"
     bert, _ = load_model(minilm_folder, heads=False, quiet=True)
+    bert.layers = bert.layers[:2]
+    bert.config = dataclasses.replace(bert.config, num_hidden_layers=2)
     export_onnx(bert.eval(), fp32)
     tok, config = load_tokenizer(minilm_folder), bert.config
     calibration = calibration_batches(tok, 512)
@@ -346,7 +352,7 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     assert ops.count("QAttention") == config.num_hidden_layers == plain_ops.count("QAttention")
     assert ops.count("MatMulInteger") == 3 * config.num_hidden_layers == plain_ops.count("MatMulInteger") - 1
     assert ops.count("MatMul") == plain_ops.count("MatMul") + len(side) + 1
-    reviews = [json.loads(line)["text"] for line in build().files["train.jsonl"].splitlines()[:256]]
+    reviews = [json.loads(line)["text"] for line in build().files["train.jsonl"].splitlines()[:96]]
 
     def vectors(path):
         encoder, out = OnnxEncoder(path, config), []
@@ -362,7 +368,7 @@ def test_int8_keeps_the_outlier_channels_of_minilm(minilm_folder, tmp_path):
     ref = vectors(fp32)
     assert np.abs(vectors(tmp_path / "rewritten.onnx") - ref).max() < 1e-4
     ours, plain = cosine(vectors(tmp_path / "ours.onnx"), ref), cosine(vectors(tmp_path / "plain.onnx"), ref)
-    assert ours.min() >= 0.99 and ours.min() > plain.min() and ours.mean() > plain.mean(), (ours.min(), plain.min())
+    assert ours.min() >= 0.997 and ours.min() > plain.min() and ours.mean() > plain.mean(), (ours.min(), plain.min())
 
 
 def _int8_weights(model) -> dict:
