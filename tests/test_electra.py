@@ -33,7 +33,7 @@ def setup(tmp_path_factory, wiki_excerpt, vocab):
     from bertkit.pretraining.corpus import iter_documents
     from bertkit.pretraining.shards import tokenize_corpus
     tok = WordPieceTokenizer.from_folder(vocab)
-    store, _ = tokenize_corpus(iter_documents(str(wiki_excerpt)), tok, tmp_path_factory.mktemp("shards"),
+    store, _ = tokenize_corpus(iter_documents(wiki_excerpt, per_line=True), tok, tmp_path_factory.mktemp("shards"),
                                holdout_every=0)
     batches = phase_batches(_cfg(wiki_excerpt, "unused", vocab=str(vocab), batch_size=64), 1, store, tok)
     cfg = BertConfig.preset("tiny", vocab_size=tok.vocab_size, hidden_dropout_prob=0.0,

@@ -15,7 +15,8 @@ def stores(tmp_path_factory, wiki_excerpt, minilm_folder):
     tok = WordPieceTokenizer.from_folder(minilm_folder)
     folder = tmp_path_factory.mktemp("shards") / "shards"
     # small shards, so that pairs and batches must cross shard boundaries
-    train, held = tokenize_corpus(iter_documents(wiki_excerpt), tok, folder, holdout_every=6, shard_tokens=4000)
+    train, held = tokenize_corpus(iter_documents(wiki_excerpt, per_line=True), tok, folder, holdout_every=6,
+                                  shard_tokens=4000)
     return tok, train, held
 
 
@@ -26,7 +27,7 @@ def test_shards_hold_every_document_once(stores, wiki_excerpt):
     assert held.meta["documents"] == 2  # documents 3 and 9
     first = train.shard(0)
     assert isinstance(first.tokens, np.memmap)  # streamed from disk, not loaded
-    docs = list(iter_documents(wiki_excerpt))
+    docs = list(iter_documents(wiki_excerpt, per_line=True))
     sent = docs[0][0]
     ids = first.tokens[first.sentences[0]:first.sentences[1]]
     assert ids.tolist() == tok.tokenize_ids(sent)

@@ -272,7 +272,7 @@ def _tiny_setup(wiki_excerpt, vocab, tmp_path):
     from bertkit.pretraining.masking import MaskingConfig
     from bertkit.pretraining.shards import tokenize_corpus
     tok = WordPieceTokenizer.from_folder(vocab)
-    store, _ = tokenize_corpus(iter_documents(str(wiki_excerpt)), tok, tmp_path / "shards", holdout_every=0)
+    store, _ = tokenize_corpus(iter_documents(wiki_excerpt, per_line=True), tok, tmp_path / "shards", holdout_every=0)
     data = PretrainingBatches(store, tok, 32, 16, MaskingConfig(0.15, 5), seed=0)
     batch = next(data.iterate())[1]
     batch["mlm_labels"][:4, 1:] = -100  # the first micro-batch predicts far fewer tokens than the others
