@@ -15,6 +15,7 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 HEADER_TIMEOUT_S = 10  # the longest a request's line and headers may take to arrive
+LINGER_S = 2  # how long a refused connection reads, and drops, what its client still sends
 MAX_HEADER_BYTES = 16 << 10  # h11's default bound on them, named (uvicorn_config passes it on)
 
 
@@ -30,9 +31,12 @@ class Connection(H11Protocol):
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self.headers_due = None
+        self.refused = False
         self._await_headers()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:  # read and dropped: see _refuse
+            return
         # between requests the keep-alive timer bounds the wait for a first byte; from there the
         # request's headers have their own deadline
         if self.conn.their_state is h11.IDLE:
@@ -71,7 +75,18 @@ class Connection(H11Protocol):
             self._refuse(408, f"the request's line and headers did not arrive within {HEADER_TIMEOUT_S} s")
 
     def _refuse(self, status: int, error: str) -> None:
+        """Answer and close, lingering: closed with the client's bytes unread (a 300 kB header,
+        refused at 16 kB), the socket sent a reset that took the answer with it. The answer goes
+        out with a FIN, and what the client still sends is read and dropped until it closes or
+        LINGER_S pass."""
         self._unset_keepalive_if_required()
-        if not self.transport.is_closing():
-            self.transport.write(refusal(status, error))
+        self._headers_in()
+        if self.refused or self.transport.is_closing():
+            return
+        self.refused = True
+        self.transport.write(refusal(status, error))
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+            self.loop.call_later(LINGER_S, self.transport.close)
+        else:
             self.transport.close()
