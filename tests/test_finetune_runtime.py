@@ -203,16 +203,25 @@ def test_gradient_accumulation_gives_the_gradients_of_one_batch_for_every_task(t
             torch.testing.assert_close(grads[name], one[name], rtol=1e-4, atol=1e-6 + 1e-5 * scale, msg=name)
 
 
-_DDP = r'''
-import sys, torch, torch.distributed as dist
+_RANKS = r'''
+import json, sys, torch, torch.distributed as dist
 from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from test_finetune_runtime import _grads
+from bertkit.finetune import evaluate_in_parts
+from bertkit.tasks.folder import load_task_model
 from bertkit.training.distributed import init_processes
 procs = init_processes()
 grads, loss = _grads(Path(sys.argv[2]), Path(sys.argv[3]), 2, procs)
 if procs.main:
-    torch.save({"grads": grads, "loss": loss}, Path(sys.argv[4]) / "ddp.pt")
+    torch.save({"grads": grads, "loss": loss}, Path(sys.argv[4]))
+for model_folder, path, preds in zip(*[iter(sys.argv[5:])] * 3):  # (model, data, predictions) per task
+    task, model, tok = load_task_model(model_folder)
+    examples = task.read(path)
+    feats = task.features(examples, tok, task.info["max_len"])
+    result = evaluate_in_parts(task, model, feats, examples, tok, 4, procs)
+    if procs.main:
+        Path(preds).write_text(json.dumps(result[0]))
 dist.barrier()  # no rank tears its group down while another still uses it
 dist.destroy_process_group()
 '''
@@ -223,17 +232,48 @@ def _torchrun(*args, nproc=2):
                            str(nproc), *map(str, args)], capture_output=True, text=True, env=ENV, timeout=300)
 
 
-def test_two_ranks_give_the_gradients_of_one_process(tmp_path, tiny_no_dropout, data):
-    """8 reviews: 2 gloo ranks x 2 micro-batches (2 + 2 examples each) equal 1 process."""
-    script = tmp_path / "ddp.py"
-    script.write_text(_DDP)
-    run = _torchrun(script, Path(__file__).parent, tiny_no_dropout, data, tmp_path)
+def test_two_ranks_give_one_process_gradients_and_evaluation(tmp_path, tiny_no_dropout, tiny_bert, data):
+    """One torchrun launch, two gloo ranks. Gradients: 8 reviews in 2 ranks x 2 micro-batches (2 +
+    2 examples each) equal 1 process. Evaluation: QA n-best spans over windows and NER word tags,
+    each rank running its part and rank 0 decoding both, equal 1 process."""
+    from bertkit.data.registry import export
+    from bertkit.data.squad_subset import squad_subset_file
+    from bertkit.tasks.folder import load_task_model
+    from bertkit.tasks.runner import run_task
+    squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
+    squad["data"] = squad["data"][:1]
+    squad["data"][0]["paragraphs"] = squad["data"][0]["paragraphs"][:3]
+    (tmp_path / "qa.json").write_text(json.dumps(squad))
+    export("wnut16", tmp_path / "wnut")
+    sentences = (tmp_path / "wnut" / "dev.conll").read_text().split("\n\n")[:30]
+    (tmp_path / "ner.conll").write_text("\n\n".join(sentences) + "\n")
+    tasks = {"qa": (tmp_path / "qa.json", ["--max-len", "96"]),  # several windows per context
+             "ner": (tmp_path / "ner.conll", [])}
+    for name, (path, extra) in tasks.items():
+        assert main(["finetune", name, "--model", str(tiny_bert), "--train", str(path), "--eval", str(path), "--out",
+                     str(tmp_path / name), "--epochs", "1", "--batch-size", "8", *extra]) == 0
+    script = tmp_path / "ranks.py"
+    script.write_text(_RANKS)
+    run = _torchrun(script, Path(__file__).parent, tiny_no_dropout, data, tmp_path / "ddp.pt",
+                    *[x for name, (path, _) in tasks.items()
+                      for x in (tmp_path / name, path, tmp_path / f"{name}-predictions.json")])
     assert run.returncode == 0, run.stderr[-3000:]
     ddp = torch.load(tmp_path / "ddp.pt")
     one, loss = _grads(tiny_no_dropout, data, 1)
     assert abs(ddp["loss"] - loss) < 1e-6
     for name in one:  # DDP's own parameter names: the model sits inside the step module
         torch.testing.assert_close(ddp["grads"][name], one[name], rtol=1e-4, atol=1e-7, msg=name)
+    for name, (path, _) in tasks.items():
+        task, model, tok = load_task_model(tmp_path / name)
+        examples = task.read(path)
+        single, _ = run_task(task, model, task.features(examples, tok, task.info["max_len"]), examples, tok, 4)
+        split = json.loads((tmp_path / f"{name}-predictions.json").read_text())
+        if name == "qa":
+            assert [p["answer"] for p in split] == [p["answer"] for p in single]
+            assert ([[c["text"] for c in p["nbest"]] for p in split]
+                    == [[c["text"] for c in p["nbest"]] for p in single])
+        else:
+            assert split == single
 
 
 def test_torchrun_finetune_equals_one_process(tmp_path, tiny_no_dropout, data):
@@ -258,61 +298,6 @@ def test_torchrun_finetune_equals_one_process(tmp_path, tiny_no_dropout, data):
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("ddp", "one"))
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5, msg=k)
-
-_EVAL = r'''
-import json, sys, torch.distributed as dist
-from pathlib import Path
-from bertkit.finetune import evaluate_in_parts
-from bertkit.tasks.folder import load_task_model
-from bertkit.training.distributed import init_processes
-procs = init_processes()
-for model_folder, path, preds in zip(*[iter(sys.argv[1:])] * 3):  # (model, data, predictions) per task
-    task, model, tok = load_task_model(model_folder)
-    examples = task.read(path)
-    feats = task.features(examples, tok, task.info["max_len"])
-    result = evaluate_in_parts(task, model, feats, examples, tok, 4, procs)
-    if procs.main:
-        Path(preds).write_text(json.dumps(result[0]))
-dist.barrier()  # no rank tears its group down while another still uses it
-dist.destroy_process_group()
-'''
-
-
-def test_evaluation_split_over_ranks_decodes_as_one_process(tmp_path, tiny_bert):
-    """QA n-best spans over windows and NER word tags, decoded on rank 0 from both ranks' outputs
-    (one torchrun launch evaluates both)."""
-    from bertkit.data.registry import export
-    from bertkit.data.squad_subset import squad_subset_file
-    from bertkit.tasks.folder import load_task_model
-    from bertkit.tasks.runner import run_task
-    squad = json.loads(squad_subset_file().read_text(encoding="utf-8"))
-    squad["data"] = squad["data"][:1]
-    squad["data"][0]["paragraphs"] = squad["data"][0]["paragraphs"][:3]
-    (tmp_path / "qa.json").write_text(json.dumps(squad))
-    export("wnut16", tmp_path / "wnut")
-    sentences = (tmp_path / "wnut" / "dev.conll").read_text().split("\n\n")[:30]
-    (tmp_path / "ner.conll").write_text("\n\n".join(sentences) + "\n")
-    tasks = {"qa": (tmp_path / "qa.json", ["--max-len", "96"]),  # several windows per context
-             "ner": (tmp_path / "ner.conll", [])}
-    for name, (path, extra) in tasks.items():
-        assert main(["finetune", name, "--model", str(tiny_bert), "--train", str(path), "--eval", str(path), "--out",
-                     str(tmp_path / name), "--epochs", "1", "--batch-size", "8", *extra]) == 0
-    script = tmp_path / "eval.py"
-    script.write_text(_EVAL)
-    run = _torchrun(script, *[x for name, (path, _) in tasks.items()
-                              for x in (tmp_path / name, path, tmp_path / f"{name}-predictions.json")])
-    assert run.returncode == 0, run.stderr[-3000:]
-    for name, (path, _) in tasks.items():
-        task, model, tok = load_task_model(tmp_path / name)
-        examples = task.read(path)
-        single, _ = run_task(task, model, task.features(examples, tok, task.info["max_len"]), examples, tok, 4)
-        split = json.loads((tmp_path / f"{name}-predictions.json").read_text())
-        if name == "qa":
-            assert [p["answer"] for p in split] == [p["answer"] for p in single]
-            assert ([[c["text"] for c in p["nbest"]] for p in split]
-                    == [[c["text"] for c in p["nbest"]] for p in single])
-        else:
-            assert split == single
 
 
 def test_a_budgeted_finetune_ends_on_time_with_the_lr_near_zero(tmp_path, tiny_bert, data):
